@@ -1,0 +1,48 @@
+"""The reference: a loaded transformers model running LPES through `lpes_rope`."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from lpes.converter import lpes_rope
+from lpes.converter.architectures import architecture_for
+from lpes.errors import LpesError
+from lpes.spec import Spec
+
+
+def apply(model: nn.Module, spec: Spec) -> nn.Module:
+    """Make each decoder layer of `model` use `inv_freq / s_h`; returns the same model."""
+    config = model.config
+    arch = architecture_for(config)
+    spec = spec.for_layers(config.num_hidden_layers)
+    kwargs = arch.patch_kwargs(config)
+    try:
+        rotary = lpes_rope._resolve(model, kwargs["rotary_path"])
+    except AttributeError:
+        raise LpesError(
+            f"{type(model).__name__} has no model-level rotary module at {kwargs['rotary_path']}; "
+            "add its layout to lpes/converter/architectures.py"
+        ) from None
+    _check_rope_layout(rotary, kwargs["layer_types"], kwargs["interleaved"], config.model_type)
+    return lpes_rope.apply_layer_scales(model, list(spec.scales), **kwargs)
+
+
+def _check_rope_layout(rotary: nn.Module, layer_types, interleaved: bool, model_type: str) -> None:
+    """Fail loudly if lpes would compute cos/sin differently from the model itself."""
+    if isinstance(rotary, lpes_rope.LayerScaledRotary):
+        rotary = rotary.base
+    positions = torch.arange(8)[None]
+    probe = torch.zeros(1, dtype=torch.float32)
+    for layer_type in sorted(set(layer_types or [None]), key=str):
+        args = () if layer_type is None else (layer_type,)
+        with torch.no_grad():
+            cos, _ = rotary(probe, positions, *args)
+            prefix = "" if layer_type is None else f"{layer_type}_"
+            inv_freq = getattr(rotary, f"{prefix}inv_freq")
+            scaling = getattr(rotary, f"{prefix}attention_scaling")
+            ours, _ = lpes_rope.rope_cos_sin(inv_freq, positions, scaling, cos.dtype, interleaved)
+        if ours.shape != cos.shape or not torch.equal(ours, cos):
+            raise LpesError(
+                f"lpes does not reproduce {model_type!r}'s RoPE layout; add an entry to lpes/converter/architectures.py"
+            )

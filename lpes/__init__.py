@@ -1,0 +1,3 @@
+from lpes.errors import LpesError
+
+__all__ = ["LpesError"]

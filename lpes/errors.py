@@ -1,0 +1,8 @@
+"""The one exception type for errors a user can cause."""
+
+
+class LpesError(Exception):
+    """A user-caused error (bad curve, wrong layer count, missing file, no GPU...).
+
+    The message is one line; the CLI prints it and exits with status 2.
+    """
