@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import torch
+from lpes.validation import tiny_kv
 from transformers import (
     AutoConfig,
     AutoTokenizer,
@@ -32,8 +33,6 @@ from transformers import (
     LlamaForCausalLM,
     PreTrainedTokenizerBase,
 )
-
-from lpes.validation import tiny_kv
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_LENGTH = 256
@@ -47,7 +46,9 @@ EVAL_SCALES = (1.0, 2.0, 4.0)
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", type=Path, default=Path("lpes/models/lpes-tiny-kv"))
     parser.add_argument("--steps", type=int, default=2500)
     parser.add_argument("--seed", type=int, default=0)
@@ -145,6 +146,8 @@ def train(args: argparse.Namespace) -> LlamaForCausalLM:
 def save(model: LlamaForCausalLM, out: Path, args: argparse.Namespace) -> None:
     out.mkdir(parents=True, exist_ok=True)
     model.to(torch.float32).save_pretrained(out)
+    # safetensors writes 0600; the folder is shipped as package data, so make it readable.
+    (out / "model.safetensors").chmod(0o644)
     tiny_kv.build_tokenizer().save_pretrained(out)
     ids = tiny_kv.token_ids()
     GenerationConfig(
@@ -231,7 +234,7 @@ def write_report(path: Path, table: str, args: argparse.Namespace, wall_s: float
         f"Accuracy by gold index (0 = farthest fact from the query), {TASK_DEFAULTS['num_pairs']} pairs, "
         f"{args.eval_examples} examples per gold index and cell; greedy argmax of the last-position "
         f"logits. Trained up to {TRAIN_LENGTH} positions; s is a uniform linear RoPE scale "
-        "(rope_type \"linear\", factor s: every layer's inv_freq / s).\n\n"
+        '(rope_type "linear", factor s: every layer\'s inv_freq / s).\n\n'
         f"{table}\n"
     )
 

@@ -1,3 +1,34 @@
-from lpes.errors import LpesError
+"""lpes: per-layer RoPE scaling (LPES) from a searched curve to Hub, ONNX and TensorRT artifacts.
 
-__all__ = ["LpesError"]
+    import lpes
+    spec = lpes.load_spec("best.json")
+    model = lpes.apply(model, spec)                    # the PyTorch reference, in place
+    lpes.convert("lpes-tiny-kv", spec, "out", targets=["hf", "onnx"])
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+from lpes.errors import LpesError
+from lpes.spec import Curve, Spec, dump_spec, load_spec
+
+try:
+    __version__ = version("lpes")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0.0.0"
+
+
+def apply(model, spec: Spec):
+    """Patch a loaded transformers causal LM so layer h uses inv_freq / s_h (returns it)."""
+    from lpes.converter.reference import apply as apply_reference
+
+    return apply_reference(model, spec)
+
+
+def convert(model: str, spec: Spec | str, out: str, targets=("hf",), **options):
+    """Python form of `lpes-convert`; see lpes.convert_pipeline.convert for the options."""
+    from lpes.convert_pipeline import convert as run
+
+    return run(model, spec, out, targets=targets, **options)
+
+
+__all__ = ["Curve", "LpesError", "Spec", "__version__", "apply", "convert", "dump_spec", "load_spec"]

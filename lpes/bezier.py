@@ -20,8 +20,10 @@ def bernstein(points: np.ndarray, t: np.ndarray) -> np.ndarray:
     points = np.asarray(points, dtype=np.float64)
     t = np.asarray(t, dtype=np.float64)[:, None]
     degree = len(points) - 1
-    weights = [comb(degree, k) * t**k * (1 - t) ** (degree - k) for k in range(degree + 1)]
-    return sum(w * p for w, p in zip(weights, points))
+    weights = [comb(degree, k) * t**k * (1 - t) ** (degree - k) for k in range(1, degree + 1)]
+    # Written as P_0 + sum_k w_k (P_k - P_0) (the weights sum to 1) so that equal control
+    # values give exactly that value, with no rounding from summing the weights.
+    return points[0] + sum(w * (p - points[0]) for w, p in zip(weights, points[1:]))
 
 
 def layer_parameters(points: np.ndarray, num_layers: int) -> np.ndarray:
