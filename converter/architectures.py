@@ -46,6 +46,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         per_layer_type_rope=True,
     ),
     "olmo3": Architecture(per_layer_type_rope=True),
+    "gpt_neox": Architecture(layers_path="gpt_neox.layers", rotary_path="gpt_neox.rotary_emb"),
     "cohere": Architecture(interleaved_rope=True),
     "cohere2": Architecture(interleaved_rope=True),
     "mixtral": Architecture(export_load_kwargs=_MOE_EXPORT),

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import torch
-from torch import nn
-
 from lpes.converter import lpes_rope
 from lpes.converter.architectures import architecture_for
+from torch import nn
+
 from lpes.errors import LpesError
 from lpes.spec import Spec
 
@@ -26,6 +26,26 @@ def apply(model: nn.Module, spec: Spec) -> nn.Module:
         ) from None
     _check_rope_layout(rotary, kwargs["layer_types"], kwargs["interleaved"], config.model_type)
     return lpes_rope.apply_layer_scales(model, list(spec.scales), **kwargs)
+
+
+def check_layout(config) -> None:
+    """Fail before any heavy work if lpes cannot find the layers and rotary module of this architecture.
+
+    Builds the model on the meta device: structure only, no memory, no weights.
+    """
+    from transformers import AutoModelForCausalLM
+
+    kwargs = architecture_for(config).patch_kwargs(config)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    for what in ("layers_path", "rotary_path"):
+        try:
+            lpes_rope._resolve(model, kwargs[what])
+        except AttributeError:
+            raise LpesError(
+                f"{type(model).__name__} has no {kwargs[what]} (its {what.split('_')[0]}); "
+                "add its layout to lpes/converter/architectures.py"
+            ) from None
 
 
 def _check_rope_layout(rotary: nn.Module, layer_types, interleaved: bool, model_type: str) -> None:

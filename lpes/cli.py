@@ -86,7 +86,8 @@ def _validate(argv: list[str] | None) -> int:
     )
     parser.add_argument("dir", type=Path, help="an lpes-convert output folder (holds lpes_spec.json)")
     parser.add_argument("--model", default=None, help=f"base model (default: from the spec, else {DEFAULT_MODEL})")
-    parser.add_argument("--data", default=None, help="kv:pairs=N,examples=M,... or FILE.jsonl (default: the model's task)")
+    parser.add_argument("--data", default=None,
+                        help="kv:pairs=N,examples=M,... or FILE.jsonl (default: the model's own task)")
     parser.add_argument("--no-chat-template", dest="chat_template", action="store_false",
                         help="do not wrap prompts in the tokenizer's chat template")
     args = parser.parse_args(argv)

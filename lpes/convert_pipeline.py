@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lpes.converter.loading import load_config, model_fingerprint, resolve_model
+from lpes.converter.reference import check_layout
 from lpes.errors import LpesError
 from lpes.spec import Spec, load_spec
 
@@ -53,7 +54,8 @@ def parse_targets(text: str | list[str] | tuple[str, ...]) -> list[str]:
     names = [n for n in names if n]
     unknown = [n for n in names if n not in TARGETS]
     if unknown or not names:
-        raise LpesError(f"--to takes a comma-separated list of {', '.join(TARGETS)}; got {','.join(names) or 'nothing'}")
+        got = ",".join(names) or "nothing"
+        raise LpesError(f"--to takes a comma-separated list of {', '.join(TARGETS)}; got {got}")
     return [t for t in TARGETS if t in names]  # pipeline order, duplicates dropped
 
 
@@ -77,6 +79,7 @@ def plan(
     config = load_config(model_path)
     spec = load_spec(spec) if not isinstance(spec, Spec) else spec
     spec = spec.for_layers(config.num_hidden_layers)
+    check_layout(config)
     out = Path(out)
     if out.exists() and not force:
         raise LpesError(f"output folder {out} exists; pass --force to replace it")
@@ -86,8 +89,8 @@ def plan(
         from lpes.exporters.onnx_export import check_exportable
 
         check_exportable(config)
-    return ConvertPlan(model, model_path, _with_provenance(spec, config, model), out, target_list, dtype, force, validate,
-                       push_to_hub)
+    spec = _with_provenance(spec, config, model)
+    return ConvertPlan(model, model_path, spec, out, target_list, dtype, force, validate, push_to_hub)
 
 
 def _with_provenance(spec: Spec, config, model_name: str) -> Spec:

@@ -1,0 +1,46 @@
+# make demo: search -> convert (hf, onnx) -> validate on the bundled model, from a fresh machine.
+# make test: install and run ruff and the test suite.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+TORCH  := torch==2.13.0
+DEMO   := demo-out
+
+.PHONY: install test lint demo bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(MAKE) --no-print-directory torch
+	$(BIN)/pip install --quiet -e ".[test]"
+	touch $@
+
+# torch first, so that nothing later pulls a multi-GB CUDA build onto a machine without a GPU:
+# with an NVIDIA GPU, the normal (CUDA) wheel; without one, a CPU wheel from the local wheel
+# cache if pip has one, else from PyTorch's CPU index.
+.PHONY: torch
+torch:
+	@if $(BIN)/python -c "import torch" 2>/dev/null; then echo "torch already installed"; \
+	elif command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install --quiet "$(TORCH)"; \
+	else $(BIN)/pip install --quiet --no-index "$(TORCH)" 2>/dev/null \
+	  || $(BIN)/pip install --quiet "$(TORCH)" --index-url https://download.pytorch.org/whl/cpu; fi
+
+lint: install
+	$(BIN)/ruff check .
+
+test: install lint
+	$(BIN)/python -m pytest -q
+
+demo: install
+	$(BIN)/lpes-search lpes-tiny-kv --out $(DEMO)/best.json --population 12 --generations 6 --force
+	$(BIN)/lpes-convert lpes-tiny-kv --curve $(DEMO)/best.json --to hf,onnx --out $(DEMO)/lpes-tiny-kv-lpes --force
+	@echo; cat $(DEMO)/lpes-tiny-kv-lpes/validation.md
+	@echo; echo "demo folder: $(DEMO)/lpes-tiny-kv-lpes (model card README.md, plots, onnx/)"
+
+bench: install
+	$(BIN)/python bench/bench_onnx_latency.py
+	$(BIN)/python bench/bench_search.py
+
+clean:
+	rm -rf $(VENV) $(DEMO) .pytest_cache .ruff_cache *.egg-info

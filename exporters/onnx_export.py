@@ -1,0 +1,244 @@
+"""ONNX export of an LPES model: one graph with a KV cache, runnable by stock onnxruntime.
+
+In order:
+
+1. Check everything that can fail cheaply (dtype, layer count, RoPE variant) before
+   loading a single weight.
+2. Load the model, patch it with the reference (`converter.reference.apply`), so the
+   exported graph is the reference by construction, and wrap it so the KV cache goes
+   in and out as flat tensors (`onnx_io.FlatKVCausalLM`).
+3. `torch.onnx.export(dynamo=True)` traces it with dynamic batch, sequence and past
+   length. `inv_freq / s` depends on no input, so the ONNX optimizer folds it into one
+   constant per distinct scale; those constants are renamed `lpes.inv_freq.scale_<s>`
+   so the baked-in scales can be read off the graph.
+4. Write `model.onnx` (weights in `model.onnx_data` above 2 GB), the model's config,
+   generation config and tokenizer files, the spec (`lpes_spec.json`) and what made
+   the graph (`lpes_onnx.json`).
+
+Why torch.onnx and not transformers' exporter: transformers 5 ships none of its own
+(optimum's is a separate package with its own model patches); torch.onnx(dynamo=True)
+traces the patched model as it runs in PyTorch, hooks included, so the reference patch
+needs no ONNX-specific twin.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import warnings
+from pathlib import Path
+
+import torch
+
+from lpes.converter.loading import DTYPES, load_config, load_model
+from lpes.converter.reference import apply
+from lpes.errors import LpesError
+from lpes.exporters import onnx_io
+from lpes.spec import Spec, dump_spec, write_text_atomic
+
+DEFAULT_OPSET = 18
+MODEL_FILE = "model.onnx"
+EXTERNAL_DATA_FILE = "model.onnx_data"
+METADATA_FILE = "lpes_onnx.json"
+SPEC_FILE = "lpes_spec.json"
+# protobuf cannot hold more than 2 GiB in one file; above this the weights go to model.onnx_data.
+EXTERNAL_DATA_THRESHOLD = 2**31 - 2**26
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+# RoPE variants whose frequencies change with the sequence length through Python control flow:
+# a traced graph would freeze the branch taken for the example input.
+_LENGTH_DEPENDENT_ROPE = {"dynamic": "dynamic-NTK"}
+
+
+def export_onnx(
+    model_path: Path, spec: Spec, out_dir: Path, dtype: str = "float32", opset: int = DEFAULT_OPSET
+) -> Path:
+    """Export `model_path` with `spec` applied into `out_dir` (created if needed); returns `out_dir`."""
+    model_path, out_dir = Path(model_path), Path(out_dir)
+    config = load_config(model_path)
+    spec = check_exportable(config, spec, dtype)
+
+    model = load_model(model_path, dtype, for_export=True)
+    apply(model, spec)
+    shape = onnx_io.CacheShape.from_config(model.config)
+    program = _trace(model, shape, DTYPES[dtype], opset)
+    constants = _name_scaled_inv_freq(program.model, model, spec)
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _save_graph(program.model, out_dir)
+    _copy_model_files(model_path, model, out_dir)
+    dump_spec(spec, out_dir / SPEC_FILE)
+    metadata = _metadata(shape, dtype, opset, spec, constants)
+    write_text_atomic(out_dir / METADATA_FILE, json.dumps(metadata, indent=2) + "\n")
+    return out_dir
+
+
+def check_exportable(config, spec: Spec, dtype: str) -> Spec:
+    """Everything that can be refused before loading weights; returns the spec resolved for the model."""
+    if dtype not in DTYPES:
+        raise LpesError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    spec = spec.for_layers(config.num_hidden_layers)
+    for rope_type in _rope_types(config.rope_parameters):
+        if rope_type in _LENGTH_DEPENDENT_ROPE:
+            raise LpesError(
+                f"cannot export {_LENGTH_DEPENDENT_ROPE[rope_type]} RoPE (rope_type {rope_type!r}) to ONNX: "
+                "its frequencies depend on the sequence length; export the model without it"
+            )
+    return spec
+
+
+def _rope_types(rope_parameters: dict) -> list[str]:
+    """The rope_type of each RoPE config (one, or one per layer type as in Gemma 3)."""
+    if "rope_type" in rope_parameters or "rope_theta" in rope_parameters:
+        return [rope_parameters.get("rope_type", "default")]
+    return [p.get("rope_type", "default") for p in rope_parameters.values() if isinstance(p, dict)]
+
+
+def _example_inputs(shape: onnx_io.CacheShape, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    # Distinct sizes >= 2 so that the tracer keeps every dimension symbolic and unrelated.
+    batch, seq, past = 3, 5, 7
+    input_ids = torch.ones(batch, seq, dtype=torch.long)
+    attention_mask = torch.ones(batch, past + seq, dtype=torch.long)
+    position_ids = torch.arange(past, past + seq).expand(batch, -1)
+    kv = (batch, shape.num_kv_heads, past, shape.head_dim)
+    return (input_ids, attention_mask, position_ids, *(torch.zeros(kv, dtype=dtype) for _ in range(2 * shape.num_layers)))
+
+
+def _dynamic_shapes(num_layers: int) -> dict:
+    dim = torch.export.Dim
+    batch, seq, past = dim("batch"), dim("sequence_length"), dim("past_sequence_length")
+    # total = past + seq; torch.export cannot name a sum of two dims, so it is a dim of its own whose
+    # minimum is the one implied by past >= 2 and seq >= 2 (ranges are not part of the ONNX graph).
+    total = dim("total_sequence_length", min=4)
+    return {
+        "input_ids": {0: batch, 1: seq},
+        "attention_mask": {0: batch, 1: total},
+        "position_ids": {0: batch, 1: seq},
+        "past": tuple({0: batch, 2: past} for _ in range(2 * num_layers)),
+    }
+
+
+def _trace(model, shape: onnx_io.CacheShape, dtype: torch.dtype, opset: int):
+    wrapper = onnx_io.FlatKVCausalLM(model, shape.num_layers).eval()
+    names_in = [onnx_io.INPUT_IDS, onnx_io.ATTENTION_MASK, onnx_io.POSITION_IDS, *onnx_io.past_names(shape.num_layers)]
+    names_out = [onnx_io.LOGITS, *onnx_io.present_names(shape.num_layers)]
+    with torch.no_grad(), warnings.catch_warnings(), _quiet_exporter():
+        warnings.simplefilter("ignore")
+        return torch.onnx.export(
+            wrapper,
+            _example_inputs(shape, dtype),
+            dynamo=True,
+            input_names=names_in,
+            output_names=names_out,
+            dynamic_shapes=_dynamic_shapes(shape.num_layers),
+            opset_version=opset,
+            optimize=True,
+            verbose=False,
+        )
+
+
+class _quiet_exporter:
+    """Silence torch.onnx's progress lines and missing-torchvision warnings for the duration."""
+
+    _names = ("torch.onnx", "torch.export", "torch._export", "torch.fx.experimental.symbolic_shapes")
+
+    def __enter__(self):
+        self._levels = [(logging.getLogger(n), logging.getLogger(n).level) for n in self._names]
+        for logger, _ in self._levels:
+            logger.setLevel(logging.ERROR)
+
+    def __exit__(self, *exc):
+        for logger, level in self._levels:
+            logger.setLevel(level)
+
+
+def _name_scaled_inv_freq(graph_model, model, spec: Spec) -> dict[str, str | None]:
+    """Rename the folded `inv_freq / s` constants to `lpes.inv_freq.scale_<s>`; scale -> name (None if absent).
+
+    A scale whose constant is absent means the graph computes `inv_freq / s` at run time
+    (e.g. long-RoPE picks its frequencies in-graph): still exact, just not folded.
+    """
+    import numpy as np
+
+    rotary = _rotary(model)
+    found: dict[str, str | None] = {}
+    initializers = list(graph_model.graph.initializers.values())
+    for layer_type, scales in rotary.scales_by_type.items():
+        inv_freq, _ = rotary._inv_freq_and_scaling(layer_type)
+        for scale in scales:
+            expected = (inv_freq / scale).detach().cpu().numpy()
+            key = f"{layer_type}:{scale!r}" if layer_type else repr(scale)
+            found[key] = None
+            for value in initializers:
+                array = value.const_value.numpy() if value.const_value is not None else None
+                if array is not None and array.shape == expected.shape and np.array_equal(array, expected):
+                    suffix = f"{layer_type}.scale_{scale!r}" if layer_type else f"scale_{scale!r}"
+                    value.name = f"lpes.inv_freq.{suffix}"
+                    found[key] = value.name
+                    break
+    return found
+
+
+def _rotary(model):
+    from lpes.converter.architectures import architecture_for
+    from lpes.converter.lpes_rope import _resolve
+
+    return _resolve(model, architecture_for(model.config).rotary_path)
+
+
+def _save_graph(graph_model, out_dir: Path) -> None:
+    import onnx_ir
+
+    size = sum(v.const_value.nbytes for v in graph_model.graph.initializers.values() if v.const_value is not None)
+    if size > EXTERNAL_DATA_THRESHOLD:
+        onnx_ir.save(graph_model, out_dir / MODEL_FILE, external_data=EXTERNAL_DATA_FILE)
+    else:
+        onnx_ir.save(graph_model, out_dir / MODEL_FILE)
+
+
+def _copy_model_files(model_path: Path, model, out_dir: Path) -> None:
+    shutil.copyfile(model_path / "config.json", out_dir / "config.json")
+    if (model_path / "generation_config.json").is_file():
+        shutil.copyfile(model_path / "generation_config.json", out_dir / "generation_config.json")
+    else:
+        model.generation_config.save_pretrained(out_dir)
+    for name in TOKENIZER_FILES:
+        if (model_path / name).is_file():
+            shutil.copyfile(model_path / name, out_dir / name)
+
+
+def _metadata(shape: onnx_io.CacheShape, dtype: str, opset: int, spec: Spec, constants: dict) -> dict:
+    import onnx
+    import transformers
+
+    return {
+        "format": "lpes-onnx",
+        "version": 1,
+        "opset": opset,
+        "exporter": f"torch.onnx.export(dynamo=True) torch {torch.__version__}",
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "onnx": onnx.__version__},
+        "dtype": dtype,
+        "inputs": [onnx_io.INPUT_IDS, onnx_io.ATTENTION_MASK, onnx_io.POSITION_IDS, *onnx_io.past_names(shape.num_layers)],
+        "outputs": [onnx_io.LOGITS, *onnx_io.present_names(shape.num_layers)],
+        **shape.to_json(),
+        "scales": list(spec.scales),
+        "scaled_inv_freq_constants": constants,
+    }
+
+
+def read_metadata(onnx_dir: Path) -> dict:
+    """The `lpes_onnx.json` of an export folder."""
+    path = Path(onnx_dir) / METADATA_FILE
+    if not path.is_file():
+        raise LpesError(f"{onnx_dir} is not an lpes ONNX export (no {METADATA_FILE})")
+    return json.loads(path.read_text())

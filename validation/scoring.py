@@ -1,0 +1,322 @@
+"""Scoring retrieval examples, two ways that agree.
+
+(a) `greedy_correct`: greedy decoding, then the benchmark's test: the value appears
+    in the output, case-insensitive (`evaluate_kv_responses.py`). Validation uses
+    this on every variant (torch, ONNX Runtime, TensorRT).
+(b) `teacher_forced_correct`: one forward pass over prompt + answer; correct iff
+    every answer token is the argmax given the prompt and the answer tokens before
+    it. That is exactly "greedy decoding starts with the answer tokens", at the
+    cost of one prefill instead of a prefill plus a decode loop. Search uses this.
+
+How the answer is tokenized: the answer follows the prompt after one space, or
+directly when the prompt ends in whitespace (a chat template's assistant header
+ends in a newline; the plain benchmark prompt ends in "value:"). Its tokens are
+those of `prompt + sep + answer` past the prompt's own tokens, so a tokenizer that
+marks word starts (Llama's "▁", GPT-2's "Ġ") gives the tokens greedy decoding
+would have to produce.
+
+Where (a) and (b) can give different verdicts, and why:
+
+- The output contains the value but does not start with it ("The value is
+  3f2a..."; or after a newline): (a) correct, (b) wrong. Chat models that phrase
+  their answer need the benchmark's `max_new_tokens=100` for (a).
+- The output starts with the value spelled with other tokens than its canonical
+  tokenization (e.g. "3f" "2a" instead of "3f2a"), with different case, or without
+  the separator space: (a) correct, (b) wrong.
+- A near-tie between two tokens: (a) runs a KV-cached decode loop, (b) one
+  full-sequence pass; float rounding differs between the two, so an argmax
+  decided by less than ~1e-5 (fp32) can flip.
+- With `max_new_tokens` shorter than the answer's token count, (a) is wrong
+  whatever the model does.
+
+By default (a) generates exactly as many tokens as the answer has (per example),
+so a value can never be "found" in text generated after a wrong answer; with that
+budget (b) correct implies (a) correct, and (a) correct with the output starting
+with the canonical answer tokens implies (b) correct.
+
+Both return `Scores`: per-example records (example id = index in the list given,
+gold index, generated text, verdict) and the number of token positions the model
+computed (padding included), which search uses for its cost benchmark.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from lpes.validation.examples import Example
+
+from lpes.errors import LpesError
+
+Progress = Callable[[int], None]  # called with the number of examples just scored
+
+
+class GreedyRunner(Protocol):
+    """Anything that decodes greedily: `TorchGreedy`, `OrtCausalLM`, a TensorRT runner."""
+
+    def greedy(
+        self, input_ids: list[list[int]], max_new_tokens: int, eos_token_id: int | None
+    ) -> list[list[int]]:
+        """The new tokens of each prompt (not the prompt), at most `max_new_tokens`."""
+        ...
+
+
+@dataclass(frozen=True)
+class ExampleResult:
+    example_id: int  # index in the examples given to the scorer
+    gold_index: int
+    generated: str  # greedy: the decoded output; teacher forcing: the argmax tokens, decoded
+    correct: bool
+
+
+@dataclass(frozen=True)
+class Scores:
+    results: tuple[ExampleResult, ...]
+    forward_tokens: int  # token positions the model computed, padding included
+
+    @property
+    def accuracy(self) -> float:
+        return sum(r.correct for r in self.results) / len(self.results) if self.results else 0.0
+
+    def accuracy_by_gold_index(self) -> dict[int, float]:
+        groups: dict[int, list[bool]] = {}
+        for result in self.results:
+            groups.setdefault(result.gold_index, []).append(result.correct)
+        return {index: sum(v) / len(v) for index, v in sorted(groups.items())}
+
+
+@dataclass(frozen=True)
+class EncodedExample:
+    prompt_ids: list[int]
+    answer_ids: list[int]
+
+
+# ---- tokenization shared by both scorers and every runtime ----
+
+
+def prompt_has_bos(tokenizer, prompt: str) -> bool:
+    """True when the prompt text already starts with the BOS token (a rendered chat template)."""
+    bos = getattr(tokenizer, "bos_token", None)
+    return bool(bos) and prompt.startswith(bos)
+
+
+def encode_prompt(tokenizer, prompt: str) -> list[int]:
+    """The prompt's token ids, with the tokenizer's special tokens unless the text already has its BOS."""
+    return tokenizer(prompt, add_special_tokens=not prompt_has_bos(tokenizer, prompt))["input_ids"]
+
+
+def answer_separator(prompt: str) -> str:
+    return "" if prompt[-1:].isspace() else " "
+
+
+def answer_ids(tokenizer, prompt: str, answer: str) -> list[int]:
+    """The tokens of `answer` as they follow `prompt` (see the module docstring)."""
+    text = prompt + answer_separator(prompt) + answer
+    prompt_only = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    full = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if full[: len(prompt_only)] == prompt_only:
+        return full[len(prompt_only) :]
+    # The answer's first token merged with the prompt's last one: the best we can do is standalone.
+    return tokenizer(answer_separator(prompt) + answer, add_special_tokens=False)["input_ids"]
+
+
+def encode_examples(tokenizer, examples: Sequence[Example]) -> list[EncodedExample]:
+    encoded = []
+    for i, example in enumerate(examples):
+        answer = answer_ids(tokenizer, example.prompt, example.answer)
+        if not answer:
+            raise LpesError(f"example {i} has an empty answer")
+        encoded.append(EncodedExample(encode_prompt(tokenizer, example.prompt), answer))
+    return encoded
+
+
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """The ids that end generation: the model's generation config, else the tokenizer's EOS."""
+    config = getattr(model, "generation_config", None)
+    eos = getattr(config, "eos_token_id", None)
+    if eos is None:
+        eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is None:
+        return []
+    return [int(e) for e in eos] if isinstance(eos, (list, tuple)) else [int(eos)]
+
+
+def pad_token_id(model, tokenizer) -> int:
+    for source in (tokenizer, getattr(model, "generation_config", None), getattr(model, "config", None)):
+        value = getattr(source, "pad_token_id", None)
+        if value is not None:
+            return int(value)
+    eos = eos_token_ids(model, tokenizer)
+    return eos[0] if eos else 0  # any id works: padded positions are masked out
+
+
+# ---- batching ----
+
+
+def _batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+    """Example indices grouped by similar length (longest first), so batches carry little padding."""
+    if batch_size < 1:
+        raise LpesError(f"batch size must be at least 1, got {batch_size}")
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """input_ids, attention_mask and position_ids for left-padded rows.
+
+    Positions count real tokens only, so every row sees the positions it would see
+    alone (RoPE and LPES depend on them).
+    """
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for b, row in enumerate(rows):
+        if row:
+            ids[b, width - len(row) :] = torch.tensor(row, dtype=torch.long)
+            mask[b, width - len(row) :] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    return ids, mask, positions
+
+
+# ---- (b) teacher forcing ----
+
+
+def teacher_forced_correct(
+    model, tokenizer, examples: Sequence[Example], batch_size: int = 8, progress: Progress | None = None
+) -> Scores:
+    """One forward pass per batch: correct iff every answer token is the argmax (see module docstring)."""
+    encoded = encode_examples(tokenizer, examples)
+    rows = [e.prompt_ids + e.answer_ids[:-1] for e in encoded]
+    pad_id = pad_token_id(model, tokenizer)
+    keep_logits = _accepts_logits_to_keep(model)
+    device = _device(model)
+    results: dict[int, ExampleResult] = {}
+    forward_tokens = 0
+    for batch in _batches([len(r) for r in rows], batch_size):
+        ids, mask, positions = left_pad([rows[i] for i in batch], pad_id)
+        forward_tokens += ids.numel()
+        # Left padding aligns every row's end, so the answer positions are the last ones.
+        keep = max(len(encoded[i].answer_ids) for i in batch)
+        kwargs = {"logits_to_keep": keep} if keep_logits else {}
+        with torch.inference_mode():
+            logits = model(
+                input_ids=ids.to(device),
+                attention_mask=mask.to(device),
+                position_ids=positions.to(device),
+                use_cache=False,
+                **kwargs,
+            ).logits[:, -keep:]
+        predicted = logits.argmax(-1).cpu()
+        for row, i in enumerate(batch):
+            n = len(encoded[i].answer_ids)
+            tokens = predicted[row, keep - n :].tolist()
+            text = tokenizer.decode(tokens, skip_special_tokens=True)
+            results[i] = ExampleResult(i, examples[i].gold_index, text, tokens == encoded[i].answer_ids)
+        if progress is not None:
+            progress(len(batch))
+    return Scores(tuple(results[i] for i in range(len(examples))), forward_tokens)
+
+
+def _accepts_logits_to_keep(model) -> bool:
+    try:
+        return "logits_to_keep" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _device(model) -> torch.device:
+    try:
+        return next(model.parameters()).device
+    except (StopIteration, AttributeError):
+        return torch.device("cpu")
+
+
+# ---- (a) greedy generation ----
+
+
+class TorchGreedy:
+    """`GreedyRunner` over a transformers model (plain or patched with the LPES reference)."""
+
+    def __init__(self, model, pad_token_id: int):
+        self.model = model
+        self.pad_token_id = pad_token_id
+
+    def greedy(
+        self, input_ids: list[list[int]], max_new_tokens: int, eos_token_id: int | list[int] | None
+    ) -> list[list[int]]:
+        from transformers import GenerationConfig
+
+        ids, mask, _ = left_pad(input_ids, self.pad_token_id)
+        device = _device(self.model)
+        # A fresh config: the model's own may ask for sampling, which greedy scoring must not inherit.
+        config = GenerationConfig(
+            do_sample=False,
+            num_beams=1,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=eos_token_id,
+            pad_token_id=self.pad_token_id,
+        )
+        with torch.inference_mode():
+            out = self.model.generate(
+                input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config
+            )
+        return out[:, ids.shape[1] :].cpu().tolist()
+
+
+def greedy_correct(
+    model,
+    tokenizer,
+    examples: Sequence[Example],
+    batch_size: int = 8,
+    max_new_tokens: int | None = None,
+    progress: Progress | None = None,
+    eos_token_id: int | list[int] | None = None,
+) -> Scores:
+    """Greedy decoding and the benchmark's case-insensitive substring test.
+
+    `model` is a transformers model or any `GreedyRunner` (ONNX Runtime, TensorRT).
+    `max_new_tokens=None` gives each example as many tokens as its answer has; the
+    benchmark itself used 100. `eos_token_id` defaults to the model's own.
+    """
+    encoded = encode_examples(tokenizer, examples)
+    if eos_token_id is None:
+        eos = eos_token_ids(model, tokenizer)
+    else:
+        eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+    runner = model if hasattr(model, "greedy") else TorchGreedy(model, pad_token_id(model, tokenizer))
+    budgets = [max_new_tokens or len(e.answer_ids) for e in encoded]
+    results: dict[int, ExampleResult] = {}
+    forward_tokens = 0
+    for batch in _batches([len(e.prompt_ids) for e in encoded], batch_size):
+        steps = max(budgets[i] for i in batch)
+        outputs = runner.greedy([encoded[i].prompt_ids for i in batch], steps, _runner_eos(runner, eos))
+        # Prefill over the padded prompts, then one position per row per further step.
+        prefill = max(len(encoded[i].prompt_ids) for i in batch)
+        decode_steps = max(max((len(o) for o in outputs), default=0) - 1, 0)
+        forward_tokens += len(batch) * (prefill + decode_steps)
+        for i, tokens in zip(batch, outputs, strict=True):
+            tokens = _until_eos(list(tokens), eos)[: budgets[i]]
+            text = tokenizer.decode(tokens, skip_special_tokens=True)
+            correct = examples[i].answer.lower() in text.lower()
+            results[i] = ExampleResult(i, examples[i].gold_index, text, correct)
+        if progress is not None:
+            progress(len(batch))
+    return Scores(tuple(results[i] for i in range(len(examples))), forward_tokens)
+
+
+def _runner_eos(runner, eos: list[int]) -> int | list[int] | None:
+    # transformers' generate stops on any of several ids; the GreedyRunner protocol takes one
+    # (the outputs are cut at the first of any of them afterwards).
+    if isinstance(runner, TorchGreedy):
+        return eos or None
+    return eos[0] if eos else None
+
+
+def _until_eos(tokens: list[int], eos: list[int]) -> list[int]:
+    for n, token in enumerate(tokens):
+        if token in eos:
+            return tokens[:n]
+    return tokens
