@@ -21,7 +21,6 @@ from lpes.converter.architectures import architecture_for
 from lpes.converter.loading import load_config
 from lpes.converter.model_card import write_model_card
 from lpes.converter.modeling_template import MODELING_LPES
-
 from lpes.errors import LpesError
 from lpes.plots import plot_curve
 from lpes.spec import Spec, dump_spec, write_text_atomic

@@ -6,8 +6,8 @@ import os
 from pathlib import Path
 
 import torch
-from lpes.converter.architectures import architecture_for
 
+from lpes.converter.architectures import architecture_for
 from lpes.errors import LpesError
 
 BUNDLED_MODELS_DIR = Path(__file__).resolve().parent.parent / "lpes" / "models"

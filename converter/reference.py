@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import torch
-from lpes.converter import lpes_rope
-from lpes.converter.architectures import architecture_for
 from torch import nn
 
+from lpes.converter import lpes_rope
+from lpes.converter.architectures import architecture_for
 from lpes.errors import LpesError
 from lpes.spec import Spec
 

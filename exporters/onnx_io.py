@@ -4,7 +4,7 @@ Names follow optimum's decoder exports, so tools written for those read ours:
 
     inputs   input_ids [batch, seq]  attention_mask [batch, past + seq]  position_ids [batch, seq]
              past_key_values.{i}.key / .value  [batch, kv_heads, past, head_dim]
-    outputs  logits [batch, seq, vocab]
+    outputs  logits [batch, seq, vocab] (float32 for every --dtype)
              present.{i}.key / .value  [batch, kv_heads, past + seq, head_dim]
 
 One graph serves prefill (past = 0) and decode (seq = 1). Every layer keeps its full
@@ -74,4 +74,6 @@ class FlatKVCausalLM(nn.Module):
             use_cache=True,
         )
         present = [t for layer in out.cache.layers for t in (layer.keys, layer.values)]
-        return (out.logits, *present)
+        # float32 logits whatever the weights' dtype (transformers' generate upcasts them too):
+        # numpy and onnxruntime's Python API have no bfloat16, and the argmax is the same.
+        return (out.logits.float(), *present)

@@ -34,3 +34,22 @@ def plot_curve(spec: Spec, path: Path, title: str = "LPES scales by layer") -> P
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def plot_fitness(history: list[dict], path: Path) -> Path:
+    """Best and mean calibration fitness per generation of a search."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    generations = [h["generation"] for h in history]
+    ax.plot(generations, [h["best"] for h in history], "o-", label="best (parents)")
+    means = [(h["generation"], h["mean_scored"]) for h in history if h["mean_scored"] is not None]
+    if means:
+        ax.plot(*zip(*means), "s--", alpha=0.7, label="mean of fully scored children")
+    ax.set_xlabel("generation")
+    ax.set_ylabel("fitness (Eq. 7)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path

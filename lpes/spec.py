@@ -179,8 +179,8 @@ def _parse_curve(data: Any, name: str) -> Curve:
         parsed.append((float(point[0]), float(point[1])))
     degree = data.get("degree")
     if degree is not None and degree != len(parsed) - 1:
-        raise LpesError(f"spec: '{name}.degree' is {degree} but {len(parsed)} control points make degree {len(parsed) - 1}"
-                        )
+        made = len(parsed) - 1
+        raise LpesError(f"spec: '{name}.degree' is {degree} but {len(parsed)} control points make degree {made}")
     return Curve(tuple(parsed))
 
 

@@ -7,11 +7,11 @@ import sys
 
 import pytest
 import torch
-from lpes.converter.hub import push_folder
-from lpes.converter.reference import apply
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from lpes.cli import convert_main
+from lpes.converter.hub import push_folder
+from lpes.converter.reference import apply
 from lpes.spec import Spec, dump_spec
 
 SMALL = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,

@@ -4,9 +4,9 @@ import math
 
 import pytest
 import torch
-from lpes.converter.reference import apply
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from lpes.converter.reference import apply
 from lpes.errors import LpesError
 from lpes.spec import Spec
 

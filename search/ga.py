@@ -1,0 +1,192 @@
+"""The genetic search over Bezier curves, with exact racing and checkpoints.
+
+Each generation keeps the best `parents` genomes (elitism), breeds `population - parents`
+children by crossover and mutation, and scores only genomes whose rounded scale vector
+was never seen. Fitness is Eq. 7: the share of calibration examples answered correctly.
+
+Racing, exactly: a child is scored chunk by chunk. The parents of the next generation
+are the best `parents` of (current parents + children), so a child whose best possible
+fitness (correct so far + every remaining example) is below the worst current parent's
+can never be selected. Its scoring stops there. Selection is therefore identical to
+scoring every child on every example, and so is the whole run: racing changes the cost,
+never the result. Examples that the population fails most often are scored first, so
+hopeless children are found early.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Protocol
+
+from lpes.search.genome import Genome, SearchSpace
+
+
+class Evaluator(Protocol):
+    num_examples: int
+    forward_tokens: int
+
+    def correct(self, scales: tuple[float, ...], example_ids: list[int]) -> list[bool]: ...
+
+
+@dataclass(frozen=True)
+class GASettings:
+    population: int = 16
+    generations: int = 10
+    parents: int = 8
+    mutation_rate: float = 0.3
+    crossover_rate: float = 0.15
+    seed: int = 0
+    racing: bool = True
+    chunk: int = 16
+
+
+@dataclass
+class Scored:
+    genome: Genome
+    fitness: float
+    order: int  # evaluation order: breaks ties the same way in every run
+
+
+@dataclass
+class SearchState:
+    generation: int = 0
+    rng_state: list | None = None
+    parents: list[Scored] = field(default_factory=list)
+    seen: dict[str, float | None] = field(default_factory=dict)  # scale key -> fitness (None: raced out)
+    failures: list[int] = field(default_factory=list)  # per example: how often scored genomes failed it
+    history: list[dict] = field(default_factory=list)
+    evaluations: int = 0
+    raced_out: int = 0
+    duplicates_skipped: int = 0
+    forward_tokens: int = 0
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["parents"] = [[s.genome.to_json(), s.fitness, s.order] for s in self.parents]
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict) -> SearchState:
+        state = cls(**{k: v for k, v in data.items() if k != "parents"})
+        state.parents = [Scored(Genome.from_json(g), f, o) for g, f, o in data["parents"]]
+        return state
+
+
+def _rng_to_json(rng: random.Random) -> list:
+    version, internal, gauss = rng.getstate()
+    return [version, list(internal), gauss]
+
+
+def _rng_from_json(data: list) -> random.Random:
+    rng = random.Random()
+    rng.setstate((data[0], tuple(data[1]), data[2]))
+    return rng
+
+
+class GeneticSearch:
+    def __init__(self, space: SearchSpace, evaluator: Evaluator, settings: GASettings,
+                 on_generation: Callable[[SearchState], None] | None = None):
+        """`on_generation` runs after every generation (checkpointing, progress)."""
+        self.space, self.evaluator, self.settings = space, evaluator, settings
+        self.on_generation = on_generation
+
+    def run(self, state: SearchState | None = None) -> SearchState:
+        """Run to the last generation from `state` (a resumed checkpoint) or from scratch."""
+        state = state or self._initial_state()
+        # The evaluator counts tokens from zero in this process; the state carries earlier ones.
+        self._tokens_before = state.forward_tokens - self.evaluator.forward_tokens
+        rng = _rng_from_json(state.rng_state) if state.rng_state else random.Random(self.settings.seed)
+        if not state.parents:
+            self._first_generation(state, rng)
+        while state.generation < self.settings.generations:
+            children = self._breed(state, rng)
+            threshold = state.parents[-1].fitness if self.settings.racing else None
+            scored = [s for s in (self._score(g, state, threshold) for g in children) if s is not None]
+            state.parents = _best(state.parents + scored, self.settings.parents)
+            state.generation += 1
+            self._end_generation(state, rng, scored)
+        return state
+
+    def _initial_state(self) -> SearchState:
+        return SearchState(failures=[0] * self.evaluator.num_examples)
+
+    def _first_generation(self, state: SearchState, rng: random.Random) -> None:
+        genomes = [self.space.identity()]
+        while len(genomes) < self.settings.population:
+            genomes.append(self._novel(lambda: self.space.random(rng), state, genomes))
+        scored = [s for s in (self._score(g, state, None) for g in genomes if g is not None) if s is not None]
+        state.parents = _best(scored, self.settings.parents)
+        self._end_generation(state, rng, scored)
+
+    def _breed(self, state: SearchState, rng: random.Random) -> list[Genome]:
+        children: list[Genome] = []
+        pool = [s.genome for s in state.parents]
+        for k in range(self.settings.population - self.settings.parents):
+            if k % 2 == 0:
+                make = lambda: self.space.mutate(rng.choice(pool), rng, self.settings.mutation_rate)  # noqa: E731
+            else:
+                make = lambda: self.space.crossover(  # noqa: E731
+                    rng.choice(pool), rng.choice(pool), rng, self.settings.crossover_rate)
+            child = self._novel(make, state, children)
+            if child is not None:
+                children.append(child)
+        return children
+
+    def _novel(self, make: Callable[[], Genome], state: SearchState, batch: list[Genome], tries: int = 20):
+        """A genome whose scales were never scored (nor queued in `batch`), or None after `tries`."""
+        queued = {self._key(g) for g in batch if g is not None}
+        for _ in range(tries):
+            genome = make()
+            key = self._key(genome)
+            if key not in state.seen and key not in queued:
+                return genome
+            state.duplicates_skipped += 1
+        return None
+
+    def _key(self, genome: Genome) -> str:
+        return json.dumps(self.space.scales_key(genome))
+
+    def _score(self, genome: Genome, state: SearchState, threshold: float | None) -> Scored | None:
+        """Fitness on the calibration set, or None when raced out below `threshold`."""
+        scales = self.space.scales_key(genome)
+        total = self.evaluator.num_examples
+        order = sorted(range(total), key=lambda i: (-state.failures[i], i))
+        correct, chunk = 0, self.settings.chunk if threshold is not None else total
+        for start in range(0, total, chunk):
+            ids = order[start:start + chunk]
+            verdicts = self.evaluator.correct(scales, ids)
+            correct += sum(verdicts)
+            for i, ok in zip(ids, verdicts):
+                state.failures[i] += not ok
+            remaining = total - start - len(ids)
+            if threshold is not None and (correct + remaining) / total < threshold:
+                state.seen[self._key(genome)] = None
+                state.raced_out += 1
+                return None
+        state.evaluations += 1
+        fitness = correct / total
+        state.seen[self._key(genome)] = fitness
+        return Scored(genome, fitness, len(state.seen))
+
+    def _end_generation(self, state: SearchState, rng: random.Random, scored: list[Scored]) -> None:
+        state.forward_tokens = self._tokens_before + self.evaluator.forward_tokens
+        fitnesses = [s.fitness for s in scored]
+        state.history.append({
+            "generation": state.generation,
+            "best": state.parents[0].fitness,
+            "mean_scored": sum(fitnesses) / len(fitnesses) if fitnesses else None,
+            "scored": len(scored),
+            "raced_out": state.raced_out,
+            "duplicates_skipped": state.duplicates_skipped,
+            "forward_tokens": state.forward_tokens,
+        })
+        state.rng_state = _rng_to_json(rng)
+        if self.on_generation is not None:
+            self.on_generation(state)
+
+
+def _best(scored: list[Scored], count: int) -> list[Scored]:
+    return sorted(scored, key=lambda s: (-s.fitness, s.order))[:count]

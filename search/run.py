@@ -1,0 +1,178 @@
+"""lpes-search as a function: model + calibration data -> best.json (spec), plots, provenance.
+
+A checkpoint (`<out>.state.json`) is written atomically after every generation; the
+same command run again resumes from it and ends with exactly the result an
+uninterrupted run gives. It is removed once best.json is written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from lpes.errors import LpesError
+from lpes.search.fitness import METHODS, ModelEvaluator, devices, load_replicas
+from lpes.search.ga import GASettings, GeneticSearch, SearchState
+from lpes.search.genome import ScaleGrid, SearchSpace
+from lpes.spec import Spec, dump_spec, write_text_atomic
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    data: str | None = None  # kv:pairs=N,... or FILE.jsonl; None: the model folder's own task
+    population: int = 32  # LongRoPE's GA used 64; racing makes a larger one cheap, 32 is enough for 4 points
+    generations: int = 20
+    degree: int = 3  # the papers' cubic curve
+    scale_grid: str = "1:4:0.25"  # covers Ms-PoE's 1.2-1.8 and the 2-4x interpolation of context extension
+    seed: int = 0
+    holdout: int = 100  # held-out examples for accuracy before/after (the paper held out 500)
+    device: str | None = None
+    method: str = "teacher-forced"
+    racing: bool = True
+    batch_size: int = 8
+    chat_template: bool = True
+
+
+def check_options(options: SearchOptions) -> tuple[ScaleGrid, GASettings]:
+    """Fail in a second on bad settings, before any model is loaded."""
+    if options.population < 2:
+        raise LpesError(f"--population must be at least 2, got {options.population}")
+    if options.generations < 0:
+        raise LpesError(f"--generations must be >= 0, got {options.generations}")
+    if options.degree < 1:
+        raise LpesError(f"--degree must be at least 1, got {options.degree}")
+    if options.method not in METHODS:
+        raise LpesError(f"--method must be one of {', '.join(METHODS)}")
+    if options.holdout < 0:
+        raise LpesError("--holdout must be >= 0")
+    grid = ScaleGrid.parse(options.scale_grid)
+    if not grid.values:
+        raise LpesError(f"--scale-grid {options.scale_grid!r} has no values")
+    settings = GASettings(population=options.population, generations=options.generations,
+                          parents=max(1, options.population // 2), seed=options.seed, racing=options.racing)
+    return grid, settings
+
+
+def search(model: str, out: str | Path, options: SearchOptions = SearchOptions(), force: bool = False,
+           progress: bool = True) -> Spec:
+    """Find the curve for `model`; write the spec to `out` and the plots next to it."""
+    from lpes.converter.loading import load_config, model_fingerprint, resolve_model
+    from lpes.converter.reference import check_layout
+    from lpes.validation.tasks import load_examples
+
+    out = Path(out)
+    grid, settings = check_options(options)
+    if out.exists() and not force:
+        raise LpesError(f"{out} exists; pass --force to overwrite it")
+    model_path = resolve_model(model)
+    config = load_config(model_path)
+    check_layout(config)
+    examples = load_examples(model_path, options.data, use_chat_template=options.chat_template, split="search")
+    if not examples:
+        raise LpesError("the calibration data has no examples")
+    holdout = load_examples(model_path, options.data, use_chat_template=options.chat_template,
+                            split="validation")[: options.holdout]
+    space = SearchSpace(grid, config.num_hidden_layers, options.degree)
+    replicas = load_replicas(model_path, devices(options.device))
+    tokenizer = _tokenizer(model_path)
+    evaluator = ModelEvaluator(replicas, tokenizer, examples, options.method, options.batch_size)
+    checkpoint = out.with_name(out.name + ".state.json")
+    state = _resume(checkpoint, options, model_path)
+    started = time.time()
+    reporter = _Reporter(settings.generations, progress)
+    key = _settings_key(options, model_path)
+
+    def after_generation(state: SearchState) -> None:
+        write_text_atomic(checkpoint, json.dumps({"settings_key": key, "state": state.to_json()}))
+        reporter(state)
+
+    state = GeneticSearch(space, evaluator, settings, after_generation).run(state)
+    reporter.close()
+    best = state.parents[0].genome
+    spec = best.spec(grid, config.num_hidden_layers)
+    held_out = _held_out(replicas[0], tokenizer, holdout, spec, options.batch_size)
+    provenance = {
+        "model": model_fingerprint(config),
+        "base_model": model,
+        "search": {**asdict(options), "device": None, "calibration_examples": len(examples),
+                   "fitness": state.parents[0].fitness, "evaluations": state.evaluations,
+                   "raced_out": state.raced_out, "duplicates_skipped": state.duplicates_skipped,
+                   "forward_tokens": state.forward_tokens, "history": state.history},
+        "held_out": held_out,
+    }
+    spec = Spec(spec.scales, spec.curve, provenance)
+    _write_outputs(spec, state, out)
+    checkpoint.unlink(missing_ok=True)
+    print(f"lpes-search: wrote {out} in {time.time() - started:.0f}s (fitness {state.parents[0].fitness:.3f}, "
+          f"held-out {held_out['unscaled']:.3f} -> {held_out['lpes']:.3f})", file=sys.stderr)
+    return spec
+
+
+def _tokenizer(model_path: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path)
+
+
+def _settings_key(options: SearchOptions, model_path: Path) -> str:
+    relevant = {**asdict(options), "device": None, "model": str(model_path)}
+    return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _resume(checkpoint: Path, options: SearchOptions, model_path: Path) -> SearchState | None:
+    if not checkpoint.is_file():
+        return None
+    data = json.loads(checkpoint.read_text())
+    if data.get("settings_key") != _settings_key(options, model_path):
+        raise LpesError(f"{checkpoint} is from a search with other settings; delete it to start afresh")
+    print(f"lpes-search: resuming from {checkpoint} (generation {data['state']['generation']})", file=sys.stderr)
+    return SearchState.from_json(data["state"])
+
+
+def _held_out(model, tokenizer, examples, best: Spec, batch_size: int) -> dict:
+    """Greedy accuracy (the benchmark's test) on held-out examples, unscaled and with the found curve."""
+    from lpes.converter.reference import apply
+    from lpes.validation.scoring import greedy_correct
+
+    if not examples:
+        return {"examples": 0, "unscaled": float("nan"), "lpes": float("nan")}
+    accuracy = {}
+    for name, spec in (("unscaled", Spec.from_scales([1.0] * len(best.scales))), ("lpes", best)):
+        apply(model, spec)
+        accuracy[name] = greedy_correct(model, tokenizer, examples, batch_size).accuracy
+    return {"examples": len(examples), **accuracy}
+
+
+def _write_outputs(spec: Spec, state: SearchState, out: Path) -> None:
+    from lpes.plots import plot_curve, plot_fitness
+
+    dump_spec(spec, out)
+    plot_curve(spec, out.with_name(out.stem + "_curve.png"), title="LPES curve found by lpes-search")
+    plot_fitness(state.history, out.with_name(out.stem + "_fitness.png"))
+
+
+class _Reporter:
+    """A progress bar over generations and a log line per generation."""
+
+    def __init__(self, generations: int, enabled: bool):
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=generations + 1, desc="lpes-search", unit="gen", disable=not enabled)
+        self.enabled = enabled
+
+    def __call__(self, state: SearchState) -> None:
+        last = state.history[-1]
+        self.bar.n = state.generation + 1
+        self.bar.set_postfix(best=f"{last['best']:.3f}", raced=last["raced_out"], dup=last["duplicates_skipped"])
+        if self.enabled:
+            mean = "n/a" if last["mean_scored"] is None else f"{last['mean_scored']:.3f}"
+            self.bar.write(f"generation {last['generation']}: best {last['best']:.3f}, mean {mean} over "
+                           f"{last['scored']} scored, {last['raced_out']} raced out, "
+                           f"{last['duplicates_skipped']} duplicates skipped, {last['forward_tokens']} tokens")
+
+    def close(self) -> None:
+        self.bar.close()

@@ -1,0 +1,220 @@
+"""Running an lpes ONNX export with stock onnxruntime: one step, greedy generation, text in/text out.
+
+The cache stays inside onnxruntime between steps (`present` OrtValues are fed back
+as `past`), so generation costs no copies and works for every dtype, bfloat16
+included, which numpy cannot hold.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from lpes.errors import LpesError
+from lpes.exporters import onnx_io
+from lpes.exporters.onnx_export import MODEL_FILE, read_metadata
+
+CPU, CUDA = "CPUExecutionProvider", "CUDAExecutionProvider"
+_PROVIDER_ALIASES = {"cpu": CPU, "cuda": CUDA, CPU.lower(): CPU, CUDA.lower(): CUDA}
+# onnx TensorProto element types of the cache tensors, by --dtype.
+_ONNX_ELEMENT_TYPE = {"float32": 1, "float16": 10, "bfloat16": 16}
+
+
+def default_provider() -> str:
+    """CUDA when onnxruntime-gpu is installed and sees a GPU, else CPU."""
+    import onnxruntime as ort
+
+    if CUDA in ort.get_available_providers() and _gpu_present():
+        return CUDA
+    return CPU
+
+
+def _gpu_present() -> bool:
+    # onnxruntime-gpu lists CUDA even on a machine without a GPU; ask the driver.
+    try:
+        import ctypes
+
+        cuda = ctypes.CDLL("libcuda.so.1")
+        count = ctypes.c_int(0)
+        return cuda.cuInit(0) == 0 and cuda.cuDeviceGetCount(ctypes.byref(count)) == 0 and count.value > 0
+    except OSError:
+        return False
+
+
+def check_dtype_supported(dtype: str, provider: str | None = None) -> None:
+    """Refuse early what onnxruntime cannot run: bfloat16 graphs need the CUDA provider."""
+    provider = _PROVIDER_ALIASES.get((provider or default_provider()).lower(), provider)
+    if dtype == "bfloat16" and provider != CUDA:
+        raise LpesError(
+            "onnxruntime's CPU provider has no bfloat16 kernels, so a bfloat16 export cannot be validated here; "
+            "use --dtype float16 or float32, or a machine with onnxruntime-gpu and a GPU"
+        )
+
+
+class OrtCausalLM:
+    """An lpes ONNX export folder, loaded into one onnxruntime session."""
+
+    def __init__(self, onnx_dir: Path, provider: str | None = None, threads: int | None = None):
+        import onnxruntime as ort
+
+        self.onnx_dir = Path(onnx_dir)
+        self.metadata = read_metadata(self.onnx_dir)
+        self.num_layers = self.metadata["num_layers"]
+        self.num_kv_heads = self.metadata["num_key_value_heads"]
+        self.head_dim = self.metadata["head_dim"]
+        self.dtype = self.metadata["dtype"]
+        requested = _resolve_provider(provider)
+        check_dtype_supported(self.dtype, requested)
+        options = ort.SessionOptions()
+        if threads is not None:
+            options.intra_op_num_threads = threads
+        providers = [requested, CPU] if requested != CPU else [CPU]
+        try:
+            self.session = ort.InferenceSession(str(self.onnx_dir / MODEL_FILE), options, providers=providers)
+        except Exception as err:  # onnxruntime raises its own Fail/NotImplemented types
+            raise LpesError(f"onnxruntime cannot load {self.onnx_dir / MODEL_FILE}: {str(err).splitlines()[0]}") from None
+        # What actually runs: onnxruntime falls back to CPU when CUDA cannot start.
+        self.provider = self.session.get_providers()[0]
+        self._past_names = onnx_io.past_names(self.num_layers)
+        self._present_names = onnx_io.present_names(self.num_layers)
+
+    # -- one step ---------------------------------------------------------------------------
+
+    def forward(self, input_ids, attention_mask, position_ids, past=None):
+        """One model call over numpy arrays; returns (logits float32 [b, s, vocab], present).
+
+        `past` and `present` are lists of (key, value) per layer, [b, kv_heads, length, head_dim];
+        `past=None` is the empty cache of a prefill. float32 and float16 exports only
+        (numpy has no bfloat16; `greedy` works for all dtypes).
+        """
+        if self.dtype == "bfloat16":
+            raise LpesError("forward() exchanges numpy arrays, which cannot hold bfloat16; use greedy()")
+        batch = np.asarray(input_ids).shape[0]
+        flat = self.empty_past(batch) if past is None else [self._ort_value(np.asarray(t)) for kv in past for t in kv]
+        outputs = self._run(input_ids, attention_mask, position_ids, flat)
+        present = [(outputs[1 + 2 * i].numpy(), outputs[2 + 2 * i].numpy()) for i in range(self.num_layers)]
+        return outputs[0].numpy(), present
+
+    def empty_past(self, batch: int) -> list:
+        """The cache before a prefill: past length 0 for every layer."""
+        shape = (batch, self.num_kv_heads, 0, self.head_dim)
+        return [self._ort_value(np.zeros(shape, dtype=np.uint16 if self.dtype == "bfloat16" else self.dtype))
+                for _ in range(2 * self.num_layers)]
+
+    def _ort_value(self, array: np.ndarray):
+        import onnxruntime as ort
+
+        if self.dtype == "bfloat16":  # raw bits in uint16, typed by onnx element type
+            return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(array, _ONNX_ELEMENT_TYPE["bfloat16"])
+        return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array, dtype=self.dtype))
+
+    def _run(self, input_ids, attention_mask, position_ids, flat_past: list) -> list:
+        import onnxruntime as ort
+
+        feeds = {
+            onnx_io.INPUT_IDS: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(input_ids, dtype=np.int64)),
+            onnx_io.ATTENTION_MASK: ort.OrtValue.ortvalue_from_numpy(
+                np.ascontiguousarray(attention_mask, dtype=np.int64)
+            ),
+            onnx_io.POSITION_IDS: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(position_ids, dtype=np.int64)),
+        }
+        feeds.update(zip(self._past_names, flat_past))
+        return self.session.run_with_ort_values([onnx_io.LOGITS, *self._present_names], feeds)
+
+    # -- generation -------------------------------------------------------------------------
+
+    def greedy(
+        self, input_ids: list[list[int]], max_new_tokens: int, eos_token_id: int | list[int] | None = None
+    ) -> list[list[int]]:
+        """Greedy continuation of each prompt (rows may differ in length; they are left-padded).
+
+        Returns the new tokens of each row only; a row stops after an end token (`eos_token_id`,
+        one id or several), which it keeps.
+        """
+        tokens, _ = self.greedy_with_logits(input_ids, max_new_tokens, eos_token_id)
+        return tokens
+
+    def greedy_with_logits(
+        self, input_ids: list[list[int]], max_new_tokens: int, eos_token_id: int | list[int] | None = None
+    ) -> tuple[list[list[int]], list[np.ndarray]]:
+        """`greedy`, plus the logits [batch, vocab] each step chose from."""
+        if not input_ids or any(len(row) == 0 for row in input_ids):
+            raise LpesError("greedy: every prompt needs at least one token")
+        ids, mask = left_pad(input_ids)
+        positions = positions_from_mask(mask)
+        past = self.empty_past(len(input_ids))
+        new_tokens: list[list[int]] = [[] for _ in input_ids]
+        done = np.zeros(len(input_ids), dtype=bool)
+        step_logits = []
+        stop = set() if eos_token_id is None else {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id)
+        for _ in range(max_new_tokens):
+            outputs = self._run(ids, mask, positions, past)
+            logits = outputs[0].numpy()[:, -1, :]
+            step_logits.append(logits)
+            chosen = logits.argmax(axis=-1)
+            for row, token in enumerate(chosen):
+                if not done[row]:
+                    new_tokens[row].append(int(token))
+                    done[row] = int(token) in stop
+            if done.all():
+                break
+            past = outputs[1:]
+            ids = chosen[:, None].astype(np.int64)
+            positions = positions[:, -1:] + 1
+            mask = np.concatenate([mask, np.ones((len(input_ids), 1), dtype=np.int64)], axis=1)
+        return new_tokens, step_logits
+
+
+def left_pad(rows: list[list[int]], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(input_ids, attention_mask) with each row right-aligned; padding is masked out."""
+    width = max(len(row) for row in rows)
+    ids = np.full((len(rows), width), pad_id, dtype=np.int64)
+    mask = np.zeros((len(rows), width), dtype=np.int64)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row):] = row
+        mask[i, width - len(row):] = 1
+    return ids, mask
+
+
+def positions_from_mask(mask: np.ndarray) -> np.ndarray:
+    """Positions count real tokens only, so a left-padded row starts at 0 (as transformers' generate)."""
+    positions = np.cumsum(mask, axis=1) - 1
+    return np.where(mask == 0, 1, positions).astype(np.int64)
+
+
+def _resolve_provider(provider: str | None) -> str:
+    if provider is None:
+        return default_provider()
+    resolved = _PROVIDER_ALIASES.get(provider.lower())
+    if resolved is None:
+        raise LpesError(f"unknown onnxruntime provider {provider!r}; use 'cpu' or 'cuda'")
+    if resolved == CUDA:
+        import onnxruntime as ort
+
+        if CUDA not in ort.get_available_providers():
+            raise LpesError("the CUDA provider needs onnxruntime-gpu (pip install onnxruntime-gpu)")
+    return resolved
+
+
+def generate_text(onnx_dir: Path, prompt: str, max_new_tokens: int = 64, provider: str | None = None) -> str:
+    """Greedy continuation of `prompt` by the export in `onnx_dir` (tokenizer from the same folder)."""
+    from transformers import AutoTokenizer
+
+    onnx_dir = Path(onnx_dir)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(onnx_dir)
+    except (OSError, ValueError) as err:
+        raise LpesError(f"no usable tokenizer in {onnx_dir}: {str(err).splitlines()[0]}") from None
+    lm = OrtCausalLM(onnx_dir, provider)
+    ids = tokenizer(prompt)["input_ids"]
+    new = lm.greedy([ids], max_new_tokens, _eos_token_id(onnx_dir, tokenizer))[0]
+    return tokenizer.decode(new, skip_special_tokens=True)
+
+
+def _eos_token_id(onnx_dir: Path, tokenizer) -> int | list[int] | None:
+    """The end-of-sequence id(s) from generation_config.json, else the tokenizer's."""
+    path = onnx_dir / "generation_config.json"
+    eos = json.loads(path.read_text()).get("eos_token_id") if path.is_file() else None
+    return eos if eos not in (None, []) else tokenizer.eos_token_id
