@@ -1,0 +1,130 @@
+"""The genetic search: exact racing, no repeated scoring, resumable to the byte, clear errors."""
+
+import json
+import random
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from lpes.cli import search_main
+from lpes.search import ga as ga_module
+from lpes.search.ga import GASettings, GeneticSearch
+from lpes.search.genome import ScaleGrid, SearchSpace
+from lpes.validation import tiny_kv
+
+
+class ThresholdTask:
+    """A stand-in model: example i is answered iff the first layer's scale reaches t_i and the last stays low."""
+
+    def __init__(self, n=48, seed=1):
+        rng = random.Random(seed)
+        self.thresholds = [rng.uniform(1, 4) for _ in range(n)]
+        self.num_examples, self.forward_tokens, self.calls = n, 0, []
+
+    def correct(self, scales, ids):
+        self.calls.append((scales, tuple(ids)))
+        self.forward_tokens += 100 * len(ids)
+        return [scales[0] >= self.thresholds[i] and scales[-1] <= 2.0 for i in ids]
+
+
+SPACE = SearchSpace(ScaleGrid.parse("1:4:0.25"), num_layers=8, degree=3)
+
+
+def run(racing, seed=0, generations=8, population=12):
+    task = ThresholdTask()
+    state = GeneticSearch(SPACE, task, GASettings(population=population, generations=generations,
+                                                  parents=population // 2,
+                                                  seed=seed, racing=racing, chunk=8)).run()
+    return state, task
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_racing_changes_cost_not_result(seed):
+    raced, raced_task = run(True, seed)
+    plain, plain_task = run(False, seed)
+    assert [(s.genome, s.fitness) for s in raced.parents] == [(s.genome, s.fitness) for s in plain.parents]
+    assert [h["best"] for h in raced.history] == [h["best"] for h in plain.history]
+    assert raced.raced_out > 0 and raced_task.forward_tokens < plain_task.forward_tokens
+
+
+def test_no_scale_vector_is_scored_twice():
+    _, task = run(False)
+    scored = [scales for scales, _ in task.calls]
+    assert len(scored) == len(set(scored))
+
+
+def test_search_improves_on_the_stand_in_task():
+    state, _ = run(True, generations=15, population=4)
+    best = [h["best"] for h in state.history]
+    assert best == sorted(best) and best[0] < best[-1] == 1.0
+
+
+def test_grid_parsing():
+    assert ScaleGrid.parse("1:2:0.25").values == (1.0, 1.25, 1.5, 1.75, 2.0)
+    for bad in ("2:1:0.5", "1:2:0", "a:b:c", "0:1:0.5"):
+        with pytest.raises(Exception, match="scale-grid"):
+            ScaleGrid.parse(bad)
+
+
+@pytest.fixture(scope="module")
+def tiny_kv_model(tmp_path_factory):
+    """A random-weight model in the bundled model's format (tokenizer, lpes_task.json)."""
+    folder = tmp_path_factory.mktemp("tinykv")
+    tokenizer = tiny_kv.build_tokenizer()
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         pad_token_id=0, bos_token_id=1, eos_token_id=None)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    (folder / "lpes_task.json").write_text(json.dumps(
+        {"task": "tiny-kv", "num_pairs": 4, "length": 48, "gold_indices": [0, 3], "examples_per_index": 6}))
+    return folder
+
+
+def search_args(model, out, *extra):
+    return [str(model), "--out", str(out), "--population", "6", "--generations", "3", "--holdout", "4",
+            "--scale-grid", "1:3:0.5", *extra]
+
+
+def test_kill_and_resume_gives_the_same_bytes(tmp_path, tiny_kv_model, monkeypatch):
+    assert search_main(search_args(tiny_kv_model, tmp_path / "a.json")) == 0
+    original = ga_module.GeneticSearch._end_generation
+
+    def killed_after_two(self, state, rng, scored):
+        original(self, state, rng, scored)
+        if state.generation == 1:
+            raise KeyboardInterrupt  # as if killed right after the checkpoint of generation 1
+
+    monkeypatch.setattr(ga_module.GeneticSearch, "_end_generation", killed_after_two)
+    assert search_main(search_args(tiny_kv_model, tmp_path / "b.json")) == 130
+    assert not (tmp_path / "b.json").exists() and (tmp_path / "b.json.state.json").exists()
+    monkeypatch.setattr(ga_module.GeneticSearch, "_end_generation", original)
+    assert search_main(search_args(tiny_kv_model, tmp_path / "b.json")) == 0
+    assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
+    assert not (tmp_path / "b.json.state.json").exists()
+    spec = json.loads((tmp_path / "a.json").read_text())
+    assert spec["provenance"]["search"]["seed"] == 0 and len(spec["scales"]) == 3
+    assert (tmp_path / "a_curve.png").is_file() and (tmp_path / "a_fitness.png").is_file()
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--population", "1"], "--population must be at least 2"),
+    (["--scale-grid", "3:1:0.5"], "has no values"),
+    (["--data", "tiny-kv:examples=0"], "examples"),
+])
+def test_bad_inputs_exit_2(tmp_path, tiny_kv_model, capsys, extra, message):
+    assert search_main(search_args(tiny_kv_model, tmp_path / "x.json", *extra)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert message in err[-1] and not (tmp_path / "x.json").exists()
+
+
+def test_refuses_to_overwrite_and_non_rope_models(tmp_path, tiny_kv_model, capsys):
+    (tmp_path / "best.json").write_text("{}")
+    assert search_main(search_args(tiny_kv_model, tmp_path / "best.json")) == 2
+    assert "--force" in capsys.readouterr().err
+    from transformers import GPT2Config
+    AutoModelForCausalLM.from_config(GPT2Config(n_layer=2, n_embd=32, n_head=2)).save_pretrained(tmp_path / "g")
+    assert search_main(search_args(tmp_path / "g", tmp_path / "new.json")) == 2
+    assert "no RoPE" in capsys.readouterr().err
