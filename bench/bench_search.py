@@ -1,0 +1,73 @@
+"""Search cost: lpes-search (one-pass check + exact racing) against a plain GA (greedy generation,
+every candidate on every example), same model, data, population, generations and seed.
+
+    python bench/bench_search.py [--model lpes-tiny-kv] [--population 16] [--generations 8]
+
+Prints a Markdown table for bench/RESULTS.md: model-forward tokens and wall time in total
+and until the final fitness was first reached, final fitness, held-out accuracy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from lpes.search.run import SearchOptions, search
+
+
+def tokens_to_final(history: list[dict]) -> int:
+    final = history[-1]["best"]
+    return next(h["forward_tokens"] for h in history if h["best"] == final)
+
+
+def run(model: str, options: SearchOptions, folder: Path, name: str) -> dict:
+    started = time.perf_counter()
+    spec = search(model, folder / f"{name}.json", options, force=True, progress=False)
+    seconds = time.perf_counter() - started
+    found = spec.provenance["search"]
+    return {
+        "name": name,
+        "seconds": seconds,
+        "tokens": found["forward_tokens"],
+        "tokens_to_final": tokens_to_final(found["history"]),
+        "fitness": found["fitness"],
+        "held_out": spec.provenance["held_out"],
+        "scales": [round(s, 3) for s in spec.scales],
+        "scored": found["evaluations"],
+        "raced_out": found["raced_out"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="lpes-tiny-kv")
+    parser.add_argument("--population", type=int, default=16)
+    parser.add_argument("--generations", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--data", default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    common = dict(population=args.population, generations=args.generations, seed=args.seed, data=args.data)
+    with tempfile.TemporaryDirectory() as tmp:
+        ours = run(args.model, SearchOptions(**common), Path(tmp), "lpes")
+        plain = run(args.model, SearchOptions(**common, method="greedy", racing=False), Path(tmp), "plain")
+    print(json.dumps({"lpes": ours, "plain": plain}, indent=1))
+    print("\n| search | forward tokens | tokens to final fitness | wall time (s) | fitness "
+          "| held-out before -> after |")
+    print("|---|---|---|---|---|---|")
+    for r in (plain, ours):
+        h = r["held_out"]
+        print(f"| {r['name']} | {r['tokens']:,} | {r['tokens_to_final']:,} | {r['seconds']:.0f} | {r['fitness']:.3f} "
+              f"| {h['unscaled']:.3f} -> {h['lpes']:.3f} |")
+    print(f"\ncost ratio (tokens): {plain['tokens'] / ours['tokens']:.1f}x; to final fitness: "
+          f"{plain['tokens_to_final'] / ours['tokens_to_final']:.1f}x; wall time: "
+          f"{plain['seconds'] / ours['seconds']:.1f}x; same curve: {ours['scales'] == plain['scales']}")
+
+
+if __name__ == "__main__":
+    main()
