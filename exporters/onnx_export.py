@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from lpes.converter.loading import DTYPES, load_config, load_model
-from lpes.converter.reference import apply
+from lpes.converter.reference import apply, check_layout
 from lpes.errors import LpesError
 from lpes.exporters import onnx_io
 from lpes.spec import Spec, dump_spec, write_text_atomic
@@ -83,11 +83,13 @@ def export_onnx(
     return out_dir
 
 
-def check_exportable(config, spec: Spec, dtype: str) -> Spec:
-    """Everything that can be refused before loading weights; returns the spec resolved for the model."""
+def check_exportable(config, spec: Spec | None = None, dtype: str = "float32") -> Spec | None:
+    """Refuse, before loading any weight, what cannot be exported exactly; returns `spec` resolved for the model."""
     if dtype not in DTYPES:
         raise LpesError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    spec = spec.for_layers(config.num_hidden_layers)
+    if spec is not None:
+        spec = spec.for_layers(config.num_hidden_layers)
+    check_layout(config)
     for rope_type in _rope_types(config.rope_parameters):
         if rope_type in _LENGTH_DEPENDENT_ROPE:
             raise LpesError(
@@ -166,34 +168,36 @@ def _name_scaled_inv_freq(graph_model, model, spec: Spec) -> dict[str, str | Non
     """Rename the folded `inv_freq / s` constants to `lpes.inv_freq.scale_<s>`; scale -> name (None if absent).
 
     A scale whose constant is absent means the graph computes `inv_freq / s` at run time
-    (e.g. long-RoPE picks its frequencies in-graph): still exact, just not folded.
+    (long-RoPE picks its frequencies in-graph): still exact, just not folded.
     """
     import numpy as np
 
-    rotary = _rotary(model)
-    found: dict[str, str | None] = {}
-    initializers = list(graph_model.graph.initializers.values())
-    for layer_type, scales in rotary.scales_by_type.items():
-        inv_freq, _ = rotary._inv_freq_and_scaling(layer_type)
-        for scale in scales:
-            expected = (inv_freq / scale).detach().cpu().numpy()
-            key = f"{layer_type}:{scale!r}" if layer_type else repr(scale)
-            found[key] = None
-            for value in initializers:
-                array = value.const_value.numpy() if value.const_value is not None else None
-                if array is not None and array.shape == expected.shape and np.array_equal(array, expected):
-                    suffix = f"{layer_type}.scale_{scale!r}" if layer_type else f"scale_{scale!r}"
-                    value.name = f"lpes.inv_freq.{suffix}"
-                    found[key] = value.name
-                    break
-    return found
-
-
-def _rotary(model):
     from lpes.converter.architectures import architecture_for
-    from lpes.converter.lpes_rope import _resolve
+    from lpes.converter.lpes_rope import LayerScaledRotary, _resolve
 
-    return _resolve(model, architecture_for(model.config).rotary_path)
+    kwargs = architecture_for(model.config).patch_kwargs(model.config)
+    rotary = _resolve(model, kwargs["rotary_path"])
+    rotary = rotary.base if isinstance(rotary, LayerScaledRotary) else rotary
+    layer_types = kwargs["layer_types"] or [None] * len(spec.scales)
+    # Only small 1-D initializers can be frequencies: never touch the weights.
+    arrays = {
+        v.name: v.const_value.numpy()
+        for v in graph_model.graph.initializers.values()
+        if v.const_value is not None and len(v.const_value.shape) == 1 and v.const_value.shape[0] <= 4096
+    }
+    found: dict[str, str | None] = {}
+    for layer_type, scale in sorted({(t, s) for t, s in zip(layer_types, spec.scales) if s != 1.0}, key=str):
+        prefix = "" if layer_type is None else f"{layer_type}_"
+        expected = (getattr(rotary, f"{prefix}inv_freq") / scale).detach().float().cpu().numpy()
+        label = f"{layer_type}.scale_{scale!r}" if layer_type else f"scale_{scale!r}"
+        key = label.removeprefix("scale_") if layer_type is None else label
+        match = next((n for n, a in arrays.items() if a.shape == expected.shape and np.array_equal(a, expected)), None)
+        found[key] = None
+        if match is not None:
+            graph_model.graph.initializers[match].name = f"lpes.inv_freq.{label}"
+            found[key] = f"lpes.inv_freq.{label}"
+            del arrays[match]
+    return found
 
 
 def _save_graph(graph_model, out_dir: Path) -> None:
@@ -203,6 +207,7 @@ def _save_graph(graph_model, out_dir: Path) -> None:
     if size > EXTERNAL_DATA_THRESHOLD:
         onnx_ir.save(graph_model, out_dir / MODEL_FILE, external_data=EXTERNAL_DATA_FILE)
     else:
+        (out_dir / EXTERNAL_DATA_FILE).unlink(missing_ok=True)  # never leave a stale one beside the graph
         onnx_ir.save(graph_model, out_dir / MODEL_FILE)
 
 

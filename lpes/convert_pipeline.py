@@ -89,6 +89,10 @@ def plan(
         from lpes.exporters.onnx_export import check_exportable
 
         check_exportable(config)
+    if "genai" in target_list:
+        from lpes.exporters.genai import check_genai
+
+        check_genai(model_path, spec)
     spec = _with_provenance(spec, config, model)
     return ConvertPlan(model, model_path, spec, out, target_list, dtype, force, validate, push_to_hub)
 

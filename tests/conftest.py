@@ -49,9 +49,9 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "attn_logit_softcapping": 50.0,
         "final_logit_softcapping": 30.0,
     },
-    "phi3": {"num_key_value_heads": 4, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+    "phi3": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
                                                            "partial_rotary_factor": 0.5}},
-    "stablelm": {"num_key_value_heads": 4, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+    "stablelm": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
                                                                "partial_rotary_factor": 0.25}},
     "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
 }
@@ -66,15 +66,18 @@ def tiny_config(model_type: str, **overrides: Any):
 
 
 def tiny_tokenizer():
-    """A whitespace word-level tokenizer over VOCAB_SIZE words: <pad> <bos> <eos> w3 .. w99."""
+    """A whitespace word-level tokenizer over VOCAB_SIZE words: <pad> <bos> <eos> <unk> w4 .. w99.
+
+    Every word is one token and decodes back to itself; it adds no <bos>.
+    """
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    words = ["<pad>", "<bos>", "<eos>"] + [f"w{i}" for i in range(3, VOCAB_SIZE)]
-    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="w3"))
+    words = ["<pad>", "<bos>", "<eos>", "<unk>"] + [f"w{i}" for i in range(4, VOCAB_SIZE)]
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return PreTrainedTokenizerFast(
-        tokenizer_object=backend, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="w3"
+        tokenizer_object=backend, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
     )
 
 

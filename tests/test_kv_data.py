@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 from conftest import tiny_tokenizer
-from lpes.validation import kv_data, tasks, tiny_kv
-from lpes.validation.kv_data import KvRecord
 
 from lpes.errors import LpesError
+from lpes.validation import kv_data, tasks, tiny_kv
+from lpes.validation.kv_data import KvRecord
 
 
 def benchmark_file(path: Path, num_keys: int, num_examples: int) -> None:

@@ -96,6 +96,19 @@ def test_padded_batches_equal_one_example_at_a_time(model_and_tokenizer):
         alone = scorer(model, tokenizer, examples, batch_size=1)
         batched = scorer(model, tokenizer, examples, batch_size=6)
         assert [r.generated for r in batched.results] == [r.generated for r in alone.results]
+    # RoPE scores depend on position differences only, so shifted positions would hardly change the
+    # logits above; check directly that every row's real tokens get positions 0, 1, 2, ...
+    seen = []
+    def capture(module, args, kwargs, output):
+        seen.append((args[1] if len(args) > 1 else kwargs["position_ids"]).clone())
+
+    hook = model.model.rotary_emb.register_forward_hook(capture, with_kwargs=True)
+    scoring.teacher_forced_correct(model, tokenizer, examples, batch_size=6)
+    hook.remove()
+    lengths = [len(e.prompt_ids) + len(e.answer_ids) - 1 for e in scoring.encode_examples(tokenizer, examples)]
+    (positions,) = seen
+    real = sorted((row[-n:].tolist() for row, n in zip(positions, sorted(lengths, reverse=True))), key=len)
+    assert real == [list(range(n)) for n in sorted(lengths)]
     # The logits themselves, at every answer position, through the same left padding the scorer uses.
     encoded = scoring.encode_examples(tokenizer, examples)
     rows = [e.prompt_ids + e.answer_ids[:-1] for e in encoded]
@@ -200,8 +213,9 @@ def test_teacher_forcing_agrees_with_greedy_on_kv_prompts(kv_model):
     base += [Example(e.prompt + "\n", e.answer, e.gold_index, e.num_pairs) for e in base]
     examples = list(base)
     for e in base:  # the model's own 5-token continuation as the value, so that some are correct
-        text = tokenizer.decode(plain_greedy(model, scoring.encode_prompt(tokenizer, e.prompt), 5))
-        if text.strip():
+        output = plain_greedy(model, scoring.encode_prompt(tokenizer, e.prompt), 5)
+        text = tokenizer.decode(output)
+        if text.strip() and min(output) > 2:  # no <pad> <bos> <eos>: greedy decoding stops at <eos>
             examples.append(Example(e.prompt, text.removeprefix(" "), e.gold_index, e.num_pairs))
     greedy = scoring.greedy_correct(model, tokenizer, examples, batch_size=4, max_new_tokens=8)
     forced = scoring.teacher_forced_correct(model, tokenizer, examples, batch_size=4)

@@ -30,9 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lpes.validation.examples import Example
-
 from lpes.errors import LpesError
+from lpes.validation.examples import Example
 
 PROMPT_TEMPLATE = (
     "Extract the value corresponding to the specified key in the JSON object below.\n"

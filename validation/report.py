@@ -5,8 +5,9 @@ Variants, in order:
 - `unscaled`: the base model as it ships (PyTorch);
 - `reference`: the same model patched with the spec (`converter.reference.apply`);
 - every export found in the output folder (`EXPORT_VARIANTS`): the Hub folder
-  (loaded with trust_remote_code), `onnx/` (onnxruntime), `tensorrt/` (a hook: no
-  runner yet, so it is reported as skipped).
+  (loaded with trust_remote_code), `onnx/` (onnxruntime), `genai/`
+  (onnxruntime-genai), `tensorrt/` (a hook: no runner yet, so it is reported as
+  skipped). An export that cannot run on this machine is reported as skipped.
 
 Every variant decodes greedily on the same examples (`scoring.greedy_correct`). An
 export passes when its greedy output differs from the reference's on no more
@@ -29,11 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lpes.validation import scoring
-from lpes.validation.examples import Example
-
 from lpes.errors import LpesError
 from lpes.spec import Spec, load_spec, write_text_atomic
+from lpes.validation import scoring
+from lpes.validation.examples import Example
 
 FORMAT = "lpes-validation"
 VERSION = 1
@@ -64,8 +64,9 @@ class ExportVariant:
 
 
 def _load_hf(folder: Path, dtype: str):
-    from lpes.converter.loading import DTYPES
     from transformers import AutoModelForCausalLM
+
+    from lpes.converter.loading import DTYPES
 
     # The Hub folder's own modeling_lpes.py + lpes_rope.py: what a user of the folder runs.
     model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, dtype=DTYPES[dtype])
@@ -73,22 +74,41 @@ def _load_hf(folder: Path, dtype: str):
 
 
 def _load_onnx(folder: Path, dtype: str):
+    _require("onnxruntime", "onnx")
+    from lpes.validation.ort_runner import OrtCausalLM, check_dtype_supported
+
     try:
-        from lpes.validation.ort_runner import OrtCausalLM
-    except ImportError as err:  # onnxruntime is an optional dependency
-        raise VariantUnavailable(f"onnxruntime is not installed ({err}); pip install 'lpes[onnx]'") from None
+        check_dtype_supported(export_dtype(folder) or "float32")
+    except LpesError as why:  # bfloat16 without a GPU: the export may be fine, this machine cannot run it
+        raise VariantUnavailable(str(why)) from None
     return OrtCausalLM(folder)
 
 
+def _load_genai(folder: Path, dtype: str):
+    _require("onnxruntime_genai", "genai")
+    from lpes.validation.genai_runner import GenaiGreedy
+
+    return GenaiGreedy(folder)
+
+
 def _load_tensorrt(folder: Path, dtype: str):
-    # The hook for the TensorRT runner: return an object with `.greedy` (scoring.GreedyRunner).
+    # The hook for the TensorRT runner: return an object with `.greedy` (scoring.GreedyRunner),
+    # or raise VariantUnavailable (no GPU, tensorrt not installed).
     raise VariantUnavailable("no TensorRT runner in this lpes version yet")
+
+
+def _require(module: str, extra: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise VariantUnavailable(f"{module} is not installed (pip install 'lpes[{extra}]')")
 
 
 EXPORT_VARIANTS: dict[str, ExportVariant] = {
     "hf": ExportVariant(".", ("modeling_lpes.py",), _load_hf),
     "onnx": ExportVariant("onnx", ("model.onnx",), _load_onnx),
     "tensorrt": ExportVariant("tensorrt", ("*.engine", "*.plan"), _load_tensorrt),
+    "genai": ExportVariant("genai", ("genai_config.json",), _load_genai),
 }
 
 
@@ -288,7 +308,8 @@ def _score_export(name, folder, reference: VariantResult, torch_dtype, device, e
     except VariantUnavailable as why:
         return VariantResult(name, "skipped", note=str(why))
     if hasattr(runner, "greedy"):
-        note, dtype = str(getattr(runner, "provider", "")), export_dtype(folder) or "float32"
+        note = str(getattr(runner, "provider", "") or type(runner).__name__)
+        dtype = export_dtype(folder) or getattr(runner, "dtype", None) or "float32"
     else:  # a torch model: same device and dtype as the reference
         runner, note, dtype = runner.to(_device(device)), "PyTorch, trust_remote_code", torch_dtype
     scores = score(name, runner, eos or None)

@@ -47,9 +47,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
-from lpes.validation.examples import Example
 
 from lpes.errors import LpesError
+from lpes.validation.examples import Example
 
 Progress = Callable[[int], None]  # called with the number of examples just scored
 

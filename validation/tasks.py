@@ -26,10 +26,9 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from lpes.errors import LpesError
 from lpes.validation import kv_data
 from lpes.validation.examples import Example
-
-from lpes.errors import LpesError
 
 TASK_FILE = "lpes_task.json"
 SPLITS = ("search", "validation")

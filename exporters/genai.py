@@ -1,0 +1,256 @@
+"""onnxruntime-genai package of an LPES model (`--to genai`).
+
+onnxruntime-genai's model builder writes an optimised graph whose attention nodes
+take the RoPE `cos_cache`/`sin_cache` as plain inputs. lpes keeps that graph and
+gives each layer the caches of its own scale (`genai_rope`), so the package runs
+in the stock runtime with stock kernels.
+
+In order:
+
+1. `check_genai`: everything that can fail cheaply (package installed, precision and
+   execution provider, architecture, RoPE variant, known builder pitfalls, kernel
+   limits), before a weight is read.
+2. The builder runs through its Python API, its output captured, into a staging
+   folder inside `out_dir` (subprocess would cost a fresh torch import per build).
+3. `genai_rope` checks the builder's cache against the model's own RoPE, then
+   points every scaled layer at the cache of its scale.
+4. The graph, `genai_config.json`, the tokenizer files and `lpes_spec.json` land in
+   `out_dir`.
+
+Builder pitfalls measured with onnxruntime-genai 0.18 and transformers 5 (each is
+refused by `check_genai` with a one-line reason):
+
+- It takes every `nn.Linear` whose output size equals the vocabulary size for the
+  LM head, MLP and attention projections included; the logits then come out of the
+  middle of the network (a tiny model with vocabulary 128 = intermediate size 128
+  gave logits 0.4 off at position 0).
+- Its Llama class ignores `linear` and `yarn` RoPE (it builds the default cache).
+  `GENAI_ARCHITECTURES` lists only variants whose caches match transformers'; the
+  cache check in step 3 catches any other mismatch.
+- It does not apply a sliding window from a transformers-5 Mistral config (no
+  `layer_types`), and the windowed KV cache it declares then fails on long prompts.
+- Phi-3 with `max_position_embeddings != original_max_position_embeddings` goes to
+  its LongRoPE class, which fails on any other RoPE type.
+- ONNX Runtime's CPU GroupQueryAttention needs a head size that is a multiple of 16
+  and a rotary half-width (cache columns) that is a multiple of 8.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from lpes.converter import lpes_rope
+from lpes.converter.architectures import architecture_for
+from lpes.converter.loading import load_config
+from lpes.errors import LpesError
+from lpes.exporters import genai_rope
+from lpes.spec import Spec, dump_spec
+
+SPEC_FILE = "lpes_spec.json"
+GENAI_CONFIG = "genai_config.json"
+_WORK_DIR = ".lpes-genai-build"  # inside out_dir, removed when done
+
+
+@dataclass(frozen=True)
+class GenaiArchitecture:
+    """What the builder needs to reproduce a transformers model of one model_type."""
+
+    hf_class: str  # config.architectures[0]: the builder dispatches on it
+    rope_types: frozenset[str]  # RoPE variants whose builder cache equals transformers' own
+    # Phi-3: the builder picks its LongRoPE class whenever these two lengths differ.
+    needs_equal_original_max: bool = False
+
+
+GENAI_ARCHITECTURES: dict[str, GenaiArchitecture] = {
+    "llama": GenaiArchitecture("LlamaForCausalLM", frozenset({"default", "llama3"})),
+    "mistral": GenaiArchitecture("MistralForCausalLM", frozenset({"default", "linear"})),
+    "qwen2": GenaiArchitecture("Qwen2ForCausalLM", frozenset({"default", "linear"})),
+    "qwen3": GenaiArchitecture("Qwen3ForCausalLM", frozenset({"default", "linear"})),
+    "phi3": GenaiArchitecture("Phi3ForCausalLM", frozenset({"default"}), needs_equal_original_max=True),
+}
+
+# Execution provider -> precisions the builder accepts for it (its own list, TensorRT-RTX left out).
+# Only cpu fp32 and int4 have been run by lpes; the others go through the same cache checks.
+TARGETS: dict[str, tuple[str, ...]] = {
+    "cpu": ("fp32", "int8", "int4"),
+    "cuda": ("fp32", "fp16", "bf16", "int8", "int4"),
+    "dml": ("fp16", "int4"),
+    "webgpu": ("int8", "int4"),
+}
+
+
+@dataclass(frozen=True)
+class GenaiPlan:
+    model_path: Path
+    spec: Spec  # resolved for the model's layer count
+    precision: str
+    execution_provider: str
+    rope_type: str
+    rotary: torch.nn.Module  # the model's own rotary module (CPU, float32 inv_freq)
+
+
+def check_genai(model_path: Path, spec: Spec, precision: str = "fp32", execution_provider: str = "cpu") -> GenaiPlan:
+    """Validate everything `export_genai` needs without reading a weight; LpesError on the first problem."""
+    if importlib.util.find_spec("onnxruntime_genai") is None:
+        raise LpesError("--to genai needs onnxruntime-genai: pip install 'lpes[genai]'")
+    _check_target(precision, execution_provider)
+    config = load_config(model_path)
+    entry = _architecture_entry(config)
+    rope_type = config.rope_parameters.get("rope_type", "default")
+    if rope_type not in entry.rope_types:
+        raise LpesError(
+            f"--to genai supports {config.model_type} with RoPE {sorted(entry.rope_types)}, not {rope_type!r}: "
+            "onnxruntime-genai's builder does not reproduce it"
+        )
+    _check_builder_pitfalls(config, entry)
+    spec = spec.for_layers(config.num_hidden_layers)
+    meta_model = _meta_model(config)
+    _check_lm_head_lookalikes(meta_model, config.vocab_size)
+    rotary = _rotary_module(meta_model, config)
+    if execution_provider == "cpu":
+        _check_cpu_kernel_limits(config, rotary)
+    return GenaiPlan(Path(model_path), spec, precision, execution_provider, rope_type, rotary)
+
+
+def export_genai(
+    model_path: Path, spec: Spec, out_dir: Path, precision: str = "fp32", execution_provider: str = "cpu"
+) -> Path:
+    """Build the onnxruntime-genai package of `model_path` with per-layer RoPE caches into `out_dir`."""
+    plan = check_genai(model_path, spec, precision, execution_provider)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    work = out_dir / _WORK_DIR
+    try:
+        package = work / "package"
+        _run_builder(plan, package, work / "cache")
+        _write_scaled_package(plan, package, out_dir)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    dump_spec(plan.spec, out_dir / SPEC_FILE)
+    return out_dir
+
+
+# ---- checks ----
+
+
+def _check_target(precision: str, execution_provider: str) -> None:
+    if execution_provider not in TARGETS:
+        raise LpesError(f"genai execution provider must be one of {', '.join(TARGETS)}, got {execution_provider!r}")
+    if precision not in TARGETS[execution_provider]:
+        raise LpesError(
+            f"genai precision for {execution_provider} must be one of "
+            f"{', '.join(TARGETS[execution_provider])}, got {precision!r}"
+        )
+
+
+def _architecture_entry(config) -> GenaiArchitecture:
+    entry = GENAI_ARCHITECTURES.get(config.model_type)
+    if entry is None:
+        raise LpesError(
+            f"--to genai does not support model type {config.model_type!r} "
+            f"(supported: {', '.join(sorted(GENAI_ARCHITECTURES))})"
+        )
+    hf_class = (config.architectures or [None])[0]
+    if hf_class != entry.hf_class:
+        raise LpesError(f"--to genai needs a {entry.hf_class} checkpoint, this config names {hf_class!r}")
+    return entry
+
+
+def _check_builder_pitfalls(config, entry: GenaiArchitecture) -> None:
+    if getattr(config, "sliding_window", None) is not None:
+        raise LpesError(
+            f"--to genai: onnxruntime-genai's builder does not reproduce {config.model_type}'s sliding-window "
+            f"attention (sliding_window={config.sliding_window})"
+        )
+    original = getattr(config, "original_max_position_embeddings", None)
+    if entry.needs_equal_original_max and original != config.max_position_embeddings:
+        raise LpesError(
+            f"--to genai: onnxruntime-genai's builder treats a {config.model_type} model with "
+            f"original_max_position_embeddings ({original}) != max_position_embeddings "
+            f"({config.max_position_embeddings}) as LongRoPE"
+        )
+
+
+def _meta_model(config) -> torch.nn.Module:
+    """The model's module tree without weights (nothing is allocated)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
+
+
+def _check_lm_head_lookalikes(model: torch.nn.Module, vocab_size: int) -> None:
+    lm_head = model.get_output_embeddings()
+    lookalikes = [
+        name
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear) and module.out_features == vocab_size and module is not lm_head
+    ]
+    if lookalikes:
+        raise LpesError(
+            f"--to genai: {lookalikes[0]} has {vocab_size} outputs, the vocabulary size, and "
+            "onnxruntime-genai's builder would wire it up as the LM head"
+        )
+
+
+def _rotary_module(meta_model: torch.nn.Module, config) -> torch.nn.Module:
+    """A real (CPU) instance of the model's own rotary module: its inv_freq is what LPES scales."""
+    arch = architecture_for(config)
+    if arch.per_layer_type_rope or arch.interleaved_rope:
+        raise LpesError(f"--to genai does not support {config.model_type}'s RoPE layout")
+    rotary_class = type(lpes_rope._resolve(meta_model, arch.rotary_path))
+    return rotary_class(config).eval()
+
+
+def _check_cpu_kernel_limits(config, rotary: torch.nn.Module) -> None:
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    cache_columns = rotary.inv_freq.numel()
+    if head_dim % 16 or cache_columns % 8:
+        raise LpesError(
+            f"--to genai on cpu: onnxruntime's GroupQueryAttention needs head_dim % 16 == 0 and "
+            f"rotary_dim / 2 % 8 == 0, this model has head_dim {head_dim}, rotary_dim / 2 {cache_columns}"
+        )
+
+
+# ---- build ----
+
+
+def _run_builder(plan: GenaiPlan, package: Path, cache: Path) -> None:
+    """Run onnxruntime-genai's builder in this process, its printed progress swallowed; errors become one line."""
+    log = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+            # Importing the package appends its folder to sys.path: builder.py imports its siblings by name.
+            from onnxruntime_genai.models import builder
+
+            args = (None, str(plan.model_path), str(package), plan.precision, plan.execution_provider, str(cache))
+            options = builder.parse_extra_options(*args, [])
+            builder.create_model(*args, **options)
+    except Exception as err:  # the builder raises anything from ValueError to KeyError
+        message = " ".join(str(err).split())[:300] or "no message"
+        raise LpesError(f"onnxruntime-genai's builder failed: {type(err).__name__}: {message}") from None
+
+
+def _write_scaled_package(plan: GenaiPlan, package: Path, out_dir: Path) -> None:
+    import onnx_ir as ir
+
+    filename = json.loads((package / GENAI_CONFIG).read_text())["model"]["decoder"]["filename"]
+    model = ir.load(package / filename)
+    length = genai_rope.builder_caches(model)[0].shape[0]  # the builder's context length
+    genai_rope.check_builder_cache(model, genai_rope.model_cache(plan.rotary, length), plan.rope_type)
+    scales = list(plan.spec.scales)
+    genai_rope.attach_layer_caches(model, scales, genai_rope.scaled_caches(plan.rotary, scales, length))
+    # Same layout as the builder: every tensor in one external data file next to the graph.
+    ir.save(model, out_dir / filename, external_data=f"{filename}.data", size_threshold_bytes=0)
+    for path in package.iterdir():
+        if path.name not in (filename, f"{filename}.data"):
+            os.replace(path, out_dir / path.name)

@@ -1,0 +1,181 @@
+"""The optimization profile of a TensorRT engine: which batch, sequence and past lengths it accepts.
+
+A TensorRT engine built from a graph with dynamic dimensions runs only the shapes its
+profile allows, and tunes its kernels for the profile's `opt` point. The lpes ONNX graph
+has four dynamic dimensions, named in the graph itself (see `onnx_io`):
+
+    batch                   rows per call                       min 1, opt 1, max --max-batch (8)
+    sequence_length         new tokens per call                 min 1 (a decode step), max --max-sequence
+    past_sequence_length    tokens already in the KV cache      min 0 (a prefill), max --max-past
+    total_sequence_length   past + sequence (attention_mask)    max --max-total
+
+`--max-total` defaults to the model's `max_position_embeddings` and bounds past + sequence:
+TensorRT checks each input against its own range only, so the attention mask's range is
+what refuses a call whose past and new tokens together exceed the model's positions.
+
+Everything here is a pure function of numbers, so it is tested without TensorRT.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from lpes.errors import LpesError
+
+DEFAULT_MAX_BATCH = 8  # the batch size of lpes-validate's key-value scoring
+# Kernels are tuned at the opt point; one profile serves prefill and decode, so opt sits in
+# the middle: a short prefill chunk over a half-full cache.
+DEFAULT_OPT_SEQUENCE = 128
+
+_FIELDS = ("batch", "sequence", "past", "total")
+# Graph dimension names (as the ONNX exporter writes them) -> Profile field.
+DIMENSIONS = {
+    "batch": "batch",
+    "sequence_length": "sequence",
+    "past_sequence_length": "past",
+    "total_sequence_length": "total",
+}
+
+
+@dataclass(frozen=True)
+class DimRange:
+    min: int
+    opt: int
+    max: int
+
+    def as_list(self) -> list[int]:
+        return [self.min, self.opt, self.max]
+
+
+@dataclass(frozen=True)
+class Profile:
+    batch: DimRange
+    sequence: DimRange
+    past: DimRange
+    total: DimRange
+
+    def to_json(self) -> dict[str, list[int]]:
+        return {name: getattr(self, name).as_list() for name in _FIELDS}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Profile:
+        try:
+            return cls(**{name: DimRange(*data[name]) for name in _FIELDS})
+        except (KeyError, TypeError) as err:
+            raise LpesError(f"TensorRT profile: need batch/sequence/past/total as [min, opt, max] ({err})") from None
+
+
+def default_profile(
+    max_positions: int,
+    *,
+    max_batch: int = DEFAULT_MAX_BATCH,
+    opt_batch: int = 1,
+    max_total: int | None = None,
+    max_sequence: int | None = None,
+    opt_sequence: int | None = None,
+    max_past: int | None = None,
+    opt_past: int | None = None,
+) -> Profile:
+    """The profile for a model with `max_positions` positions; every argument left None gets its default."""
+    _positive("max_position_embeddings", max_positions)
+    total_max = max_positions if max_total is None else max_total
+    _positive("--max-total", total_max)
+    if total_max > max_positions:
+        raise LpesError(
+            f"--max-total {total_max} exceeds the model's max_position_embeddings ({max_positions})"
+        )
+    sequence_max = total_max if max_sequence is None else max_sequence
+    past_max = total_max - 1 if max_past is None else max_past
+    _positive("--max-batch", max_batch)
+    _positive("--max-sequence", sequence_max)
+    if past_max < 0:
+        raise LpesError(f"--max-past must be >= 0, got {past_max}")
+    if sequence_max > total_max or past_max >= total_max:
+        raise LpesError(
+            f"--max-sequence ({sequence_max}) and --max-past ({past_max}) must fit in --max-total ({total_max}): "
+            "sequence <= total and past < total"
+        )
+    sequence_opt = min(DEFAULT_OPT_SEQUENCE, sequence_max) if opt_sequence is None else opt_sequence
+    past_opt = min(past_max, total_max // 2) if opt_past is None else opt_past
+    batch = _range("batch", 1, opt_batch, max_batch)
+    sequence = _range("sequence", 1, sequence_opt, sequence_max)
+    past = _range("past", 0, past_opt, past_max)
+    if sequence.opt + past.opt > total_max:
+        raise LpesError(
+            f"--opt-sequence ({sequence.opt}) + --opt-past ({past.opt}) exceeds --max-total ({total_max})"
+        )
+    total = DimRange(sequence.min + past.min, sequence.opt + past.opt, total_max)
+    return Profile(batch, sequence, past, total)
+
+
+def _positive(flag: str, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise LpesError(f"{flag} must be a positive integer, got {value!r}")
+
+
+def _range(name: str, low: int, opt: int, high: int) -> DimRange:
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (low, opt, high)):
+        raise LpesError(f"--opt-{name}/--max-{name} must be integers")
+    if not low <= opt <= high:
+        raise LpesError(f"{name}: need {low} <= --opt-{name} ({opt}) <= --max-{name} ({high})")
+    return DimRange(low, opt, high)
+
+
+def input_shapes(
+    graph_inputs: dict[str, list[int | str]], profile: Profile
+) -> dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]:
+    """(min, opt, max) shape of every graph input, from its dims (ints, or the names in DIMENSIONS).
+
+    Raises LpesError for a dynamic dimension the profile does not cover.
+    """
+    shapes = {}
+    for name, dims in graph_inputs.items():
+        ranges = []
+        for dim in dims:
+            if isinstance(dim, int) and dim >= 0:
+                ranges.append(DimRange(dim, dim, dim))
+            elif dim in DIMENSIONS:
+                ranges.append(getattr(profile, DIMENSIONS[dim]))
+            else:
+                raise LpesError(
+                    f"input {name!r} has a dynamic dimension {dim!r} that no TensorRT profile flag covers "
+                    f"(known: {', '.join(DIMENSIONS)})"
+                )
+        shapes[name] = tuple(tuple(r.min if i == 0 else r.opt if i == 1 else r.max for r in ranges) for i in range(3))
+    return shapes
+
+
+def trtexec_shape_flags(shapes: dict[str, tuple[tuple[int, ...], ...]]) -> list[str]:
+    """--minShapes/--optShapes/--maxShapes for trtexec, every input named (name:AxBxC)."""
+    flags = []
+    for index, flag in enumerate(("--minShapes", "--optShapes", "--maxShapes")):
+        items = [f"{name}:{'x'.join(str(d) for d in shape[index])}" for name, shape in shapes.items()]
+        flags.append(f"{flag}={','.join(items)}")
+    return flags
+
+
+# ---- flags ------------------------------------------------------------------------------------------
+
+_FLAGS = (
+    ("--max-batch", "max_batch", f"largest batch the engine accepts (default {DEFAULT_MAX_BATCH})"),
+    ("--opt-batch", "opt_batch", "batch the kernels are tuned for (default 1)"),
+    ("--max-total", "max_total", "largest past + new tokens (default: the model's max_position_embeddings)"),
+    ("--max-sequence", "max_sequence", "most new tokens per call, i.e. the longest prefill (default: --max-total)"),
+    ("--opt-sequence", "opt_sequence", f"new tokens the kernels are tuned for (default {DEFAULT_OPT_SEQUENCE})"),
+    ("--max-past", "max_past", "longest KV cache (default: --max-total - 1)"),
+    ("--opt-past", "opt_past", "KV cache length the kernels are tuned for (default: half of --max-total)"),
+)
+
+
+def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
+    """The profile flags, for any command that builds an engine."""
+    group = parser.add_argument_group("TensorRT optimization profile")
+    for flag, dest, text in _FLAGS:
+        group.add_argument(flag, dest=dest, type=int, default=None, help=text)
+
+
+def profile_from_args(args: argparse.Namespace, max_positions: int) -> Profile:
+    """The profile the flags ask for (defaults from `max_positions`)."""
+    given = {dest: getattr(args, dest) for _, dest, _ in _FLAGS if getattr(args, dest, None) is not None}
+    return default_profile(max_positions, **given)

@@ -1,0 +1,202 @@
+"""lpes-validate's report: every variant on the same examples, exports held to the reference."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+
+import pytest
+import torch
+from conftest import tiny_model_dir
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from lpes.converter.hf_folder import write_hf_folder
+from lpes.converter.loading import resolve_model
+from lpes.converter.reference import apply
+from lpes.errors import LpesError
+from lpes.spec import Spec
+from lpes.validation import report, scoring
+from lpes.validation.examples import Example
+
+torch.set_num_threads(1)
+SPEC = Spec.from_scales([4.0, 1.0, 0.5])
+# conftest's tokenizer registers its unknown word "w3" as a special token, which splits w30..w39: avoid them.
+WORDS = [f"w{i}" for i in range(4, 100) if not 30 <= i <= 39]
+
+
+def plain_greedy(model, ids: list[int], steps: int) -> list[int]:
+    """One unpadded full forward per token, no cache: the independent greedy reference."""
+    ids, new = list(ids), []
+    with torch.no_grad():
+        for _ in range(steps):
+            new.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+            ids.append(new[-1])
+    return new
+
+
+@pytest.fixture(scope="module")
+def conversion(tmp_path_factory):
+    """A tiny model, its LPES Hub folder and ONNX export, and examples half of which the reference gets right."""
+    tmp = tmp_path_factory.mktemp("report")
+    model_dir = tiny_model_dir("llama", tmp)
+    out = tmp / "out"
+    out.mkdir()
+    write_hf_folder(model_dir, SPEC, out, "tiny-llama", "test")
+    try:
+        from lpes.exporters.onnx_export import export_onnx
+
+        (out / "onnx").mkdir()
+        export_onnx(model_dir, SPEC, out / "onnx")
+    except ImportError:
+        pass  # the ONNX test below skips
+    reference = apply(AutoModelForCausalLM.from_pretrained(model_dir).eval(), SPEC)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    rng = random.Random(0)
+    examples, expected = [], []
+    for n in range(12):
+        prompt = " ".join(rng.choice(WORDS) for _ in range(rng.randrange(6, 40)))
+        own = tokenizer.decode(plain_greedy(reference, scoring.encode_prompt(tokenizer, prompt), 2))
+        right = n % 2 == 0 and "<" not in own and own.count(" ") == 1  # two plain words
+        examples.append(Example(prompt, own if right else "w98 w99", gold_index=n % 3, num_pairs=3))
+        expected.append(right or own == "w98 w99")
+    return model_dir, out, examples, expected
+
+
+def test_exports_agree_with_the_reference_and_files_are_written(conversion):
+    model_dir, out, examples, expected = conversion
+    result = report.validate(model_dir, out, SPEC, examples, batch_size=5, variants=["hf"], progress=False)
+    assert [v.name for v in result.variants] == ["unscaled", "reference", "hf"]
+    reference, hf = result.variant("reference"), result.variant("hf")
+    assert [r.correct for r in reference.scores.results] == expected
+    assert sum(expected) >= 3
+    by_index = {g: [c for e, c in zip(examples, expected) if e.gold_index == g] for g in range(3)}
+    assert reference.scores.accuracy_by_gold_index() == {g: sum(c) / len(c) for g, c in by_index.items()}
+    assert hf.disagreements == [] and hf.allowed == 0 and result.passed
+    assert [r.generated for r in hf.scores.results] == [r.generated for r in reference.scores.results]
+    # The unscaled model really runs without the scales (its answers differ somewhere).
+    unscaled = result.variant("unscaled")
+    assert [r.generated for r in unscaled.scores.results] != [r.generated for r in reference.scores.results]
+
+    data = json.loads((out / "validation.json").read_text())
+    assert data["format"] == "lpes-validation" and data["passed"] is True
+    assert data["gold_indices"] == [0, 1, 2] and data["num_examples"] == 12
+    for row, r in zip(data["examples"], reference.scores.results, strict=True):
+        assert row["generated"]["reference"] == r.generated and set(row["generated"]) == {"unscaled", "reference", "hf"}
+        assert "prompt" not in row  # kept only where an export disagrees
+    markdown = (out / "validation.md").read_text()
+    assert "| variant | 0 | 1 | 2 | all | vs reference |" in markdown
+    assert "![accuracy by gold index](validation.png)" in markdown
+    assert "0/12 differ (float32, allowed 0): ok" in markdown and markdown.rstrip().endswith("**passed**")
+    assert (out / "validation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert result.files == [out / "validation.json", out / "validation.md", out / "validation.png"]
+    assert "**passed**" in result.format()
+
+
+def test_onnx_export_gives_the_reference_answers_in_float32(conversion):
+    pytest.importorskip("onnxruntime")
+    model_dir, out, examples, _ = conversion
+    if not (out / "onnx" / "model.onnx").is_file():
+        pytest.skip("no ONNX exporter in this checkout")
+    result = report.validate(model_dir, out, None, examples, batch_size=4, variants=["onnx"], progress=False)
+    onnx = result.variant("onnx")
+    assert onnx.status == "ok" and onnx.dtype == "float32" and onnx.note == "CPUExecutionProvider"
+    reference = result.variant("reference")
+    assert [r.generated for r in onnx.scores.results] == [r.generated for r in reference.scores.results]
+    assert onnx.disagreements == [] and result.passed
+
+
+class OneWrongAnswer:
+    """A runner that answers like the reference except on one prompt (an export with one bad example)."""
+
+    def __init__(self, reference, pad_id: int, bad_prompt: list[int]):
+        self.inner = scoring.TorchGreedy(reference, pad_id)
+        self.bad_prompt = bad_prompt
+
+    def greedy(self, input_ids, max_new_tokens, eos_token_id):
+        outputs = self.inner.greedy(input_ids, max_new_tokens, eos_token_id)
+        return [[97] * max_new_tokens if ids == self.bad_prompt else out for ids, out in zip(input_ids, outputs)]
+
+
+def test_an_export_that_disagrees_fails_and_keeps_the_prompts(conversion, monkeypatch):
+    model_dir, out, examples, _ = conversion
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    bad = scoring.encode_prompt(tokenizer, examples[1].prompt)
+    (out / "fake").mkdir(exist_ok=True)
+    (out / "fake" / "lpes_fake.json").write_text(json.dumps({"dtype": "float16"}))
+
+    def load(folder, torch_dtype):
+        return OneWrongAnswer(apply(AutoModelForCausalLM.from_pretrained(model_dir).eval(), SPEC), 0, bad)
+
+    monkeypatch.setitem(report.EXPORT_VARIANTS, "fake", report.ExportVariant("fake", ("lpes_fake.json",), load))
+    # 12 examples: float16 allows int(0.02 * 12) = 0; 60 (each prompt 5 times, 5 bad) allows 1.
+    for copies, allowed in ((1, 0), (5, 1)):
+        result = report.validate(model_dir, out, SPEC, examples * copies, variants=["fake"], progress=False)
+        fake = result.variant("fake")
+        assert fake.disagreements == [1 + 12 * k for k in range(copies)]
+        assert fake.allowed == allowed and result.passed is False
+    assert "FAIL" in (out / "validation.md").read_text()
+    assert "fake decodes differently from the reference on 5 of 60 examples" in result.format()
+    rows = json.loads((out / "validation.json").read_text())["examples"]
+    assert [row["id"] for row in rows if "prompt" in row] == fake.disagreements
+    assert rows[1]["prompt"] == examples[1].prompt and rows[1]["generated"]["fake"] == "w97 w97"
+
+
+def test_float16_threshold_lets_one_near_tie_through(conversion, monkeypatch):
+    model_dir, out, examples, _ = conversion
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    many = [Example(e.prompt + f" w{40 + k}", e.answer, e.gold_index, 3) for k in range(5) for e in examples]
+    bad = scoring.encode_prompt(tokenizer, many[0].prompt)  # one of 60 distinct prompts
+    (out / "fake").mkdir(exist_ok=True)
+
+    def load(folder, torch_dtype):
+        return OneWrongAnswer(apply(AutoModelForCausalLM.from_pretrained(model_dir).eval(), SPEC), 0, bad)
+
+    monkeypatch.setitem(report.EXPORT_VARIANTS, "fake", report.ExportVariant("fake", ("lpes_fake.json",), load))
+    for dtype, passed in (("float16", True), ("float32", False)):
+        (out / "fake" / "lpes_fake.json").write_text(json.dumps({"dtype": dtype}))
+        result = report.validate(model_dir, out, SPEC, many, variants=["fake"], progress=False)
+        assert result.variant("fake").disagreements == [0]
+        assert result.passed is passed
+
+
+def test_export_that_cannot_run_here_is_skipped(conversion):
+    model_dir, out, examples, _ = conversion
+    (out / "tensorrt").mkdir(exist_ok=True)
+    (out / "tensorrt" / "model.engine").write_bytes(b"not an engine")
+    result = report.validate(model_dir, out, SPEC, examples[:3], variants=["tensorrt"], progress=False)
+    tensorrt = result.variant("tensorrt")
+    assert tensorrt.status == "skipped" and "TensorRT" in tensorrt.note and tensorrt.scores is None
+    assert result.passed
+    assert "| tensorrt | - | - | - | - | skipped: " in result.markdown()
+
+
+def test_unknown_variant_and_missing_spec_are_user_errors(conversion, tmp_path):
+    model_dir, out, examples, _ = conversion
+    with pytest.raises(LpesError, match="unknown variant 'trt'"):
+        report.validate(model_dir, out, SPEC, examples, variants=["trt"], progress=False)
+    with pytest.raises(LpesError, match="no lpes_spec.json"):
+        report.validate(model_dir, tmp_path, None, examples, progress=False)
+    assert report.find_spec(out).scales == SPEC.scales  # the Hub folder's lpes_spec.json
+
+
+@pytest.mark.slow
+def test_bundled_model_reference_and_onnx_in_under_two_minutes(tmp_path):
+    try:
+        model_dir = resolve_model("lpes-tiny-kv")
+    except LpesError:
+        pytest.skip("the bundled model lpes/models/lpes-tiny-kv is not there yet")
+    if not (model_dir / "model.safetensors").is_file():
+        pytest.skip("the bundled model lpes/models/lpes-tiny-kv has no weights yet")
+    pytest.importorskip("onnxruntime")
+    from lpes.exporters.onnx_export import export_onnx
+
+    spec = Spec.from_scales([2.0, 1.5, 1.0, 1.0])
+    (tmp_path / "onnx").mkdir()
+    export_onnx(model_dir, spec, tmp_path / "onnx")
+    start = time.perf_counter()
+    result = report.validate(model_dir, tmp_path, spec, progress=False)
+    elapsed = time.perf_counter() - start
+    assert result.variant("onnx").disagreements == [] and result.passed
+    assert result.variant("reference").scores.accuracy > 0
+    assert elapsed < 120, f"validation took {elapsed:.0f} s"
