@@ -113,7 +113,8 @@ def _example_inputs(shape: onnx_io.CacheShape, dtype: torch.dtype) -> tuple[torc
     attention_mask = torch.ones(batch, past + seq, dtype=torch.long)
     position_ids = torch.arange(past, past + seq).expand(batch, -1)
     kv = (batch, shape.num_kv_heads, past, shape.head_dim)
-    return (input_ids, attention_mask, position_ids, *(torch.zeros(kv, dtype=dtype) for _ in range(2 * shape.num_layers)))
+    cache = [torch.zeros(kv, dtype=dtype) for _ in range(2 * shape.num_layers)]
+    return (input_ids, attention_mask, position_ids, *cache)
 
 
 def _dynamic_shapes(num_layers: int) -> dict:
@@ -132,16 +133,14 @@ def _dynamic_shapes(num_layers: int) -> dict:
 
 def _trace(model, shape: onnx_io.CacheShape, dtype: torch.dtype, opset: int):
     wrapper = onnx_io.FlatKVCausalLM(model, shape.num_layers).eval()
-    names_in = [onnx_io.INPUT_IDS, onnx_io.ATTENTION_MASK, onnx_io.POSITION_IDS, *onnx_io.past_names(shape.num_layers)]
-    names_out = [onnx_io.LOGITS, *onnx_io.present_names(shape.num_layers)]
     with torch.no_grad(), warnings.catch_warnings(), _quiet_exporter():
         warnings.simplefilter("ignore")
         return torch.onnx.export(
             wrapper,
             _example_inputs(shape, dtype),
             dynamo=True,
-            input_names=names_in,
-            output_names=names_out,
+            input_names=onnx_io.input_names(shape.num_layers),
+            output_names=onnx_io.output_names(shape.num_layers),
             dynamic_shapes=_dynamic_shapes(shape.num_layers),
             opset_version=opset,
             optimize=True,
@@ -233,8 +232,8 @@ def _metadata(shape: onnx_io.CacheShape, dtype: str, opset: int, spec: Spec, con
         "exporter": f"torch.onnx.export(dynamo=True) torch {torch.__version__}",
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "onnx": onnx.__version__},
         "dtype": dtype,
-        "inputs": [onnx_io.INPUT_IDS, onnx_io.ATTENTION_MASK, onnx_io.POSITION_IDS, *onnx_io.past_names(shape.num_layers)],
-        "outputs": [onnx_io.LOGITS, *onnx_io.present_names(shape.num_layers)],
+        "inputs": onnx_io.input_names(shape.num_layers),
+        "outputs": onnx_io.output_names(shape.num_layers),
         **shape.to_json(),
         "scales": list(spec.scales),
         "scaled_inv_freq_constants": constants,

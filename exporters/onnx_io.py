@@ -22,6 +22,14 @@ from torch import nn
 INPUT_IDS, ATTENTION_MASK, POSITION_IDS, LOGITS = "input_ids", "attention_mask", "position_ids", "logits"
 
 
+def input_names(num_layers: int) -> list[str]:
+    return [INPUT_IDS, ATTENTION_MASK, POSITION_IDS, *past_names(num_layers)]
+
+
+def output_names(num_layers: int) -> list[str]:
+    return [LOGITS, *present_names(num_layers)]
+
+
 def past_names(num_layers: int) -> list[str]:
     return [f"past_key_values.{i}.{kind}" for i in range(num_layers) for kind in ("key", "value")]
 

@@ -12,8 +12,8 @@ In order:
    optimization profile fits the model's positions (`tensorrt_profiles`).
 2. The graph TensorRT gets: the export itself when its dtype is the one asked for, else a
    float16/bfloat16 copy of the float32 export (`tensorrt_cast`), written here.
-3. `trtexec.sh` and `README.md`: the equivalent trtexec command line (every input's
-   min/opt/max shape, the timing cache, strong typing).
+3. `trtexec.sh` and `README.md` (`tensorrt_recipe`): the equivalent trtexec command line
+   (every input's min/opt/max shape, the timing cache, strong typing).
 4. Where the machine has TensorRT >= 10 and an NVIDIA GPU: build (`tensorrt_build`) and
    write `model.engine`, `timing.cache` and the sidecar `model.engine.json` (TensorRT
    version, GPU and compute capability, profile, I/O names, the spec). Elsewhere: no engine,
@@ -24,29 +24,28 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import sys
 from pathlib import Path
 
 from lpes.errors import LpesError
+from lpes.exporters import tensorrt_build
 from lpes.exporters.onnx_export import MODEL_FILE, SPEC_FILE, read_metadata
-from lpes.exporters.tensorrt_build import (
-    BuildPlan,
-    build_plan,
-    build_serialized_engine,
-    gpu_info,
-    missing_requirements,
-    tensorrt_version,
-)
+from lpes.exporters.tensorrt_build import build_plan, build_serialized_engine
 from lpes.exporters.tensorrt_ops import check_tensorrt_support
-from lpes.exporters.tensorrt_profiles import Profile, default_profile, input_shapes, trtexec_shape_flags
+from lpes.exporters.tensorrt_profiles import Profile, default_profile, input_shapes
+from lpes.exporters.tensorrt_recipe import (
+    ENGINE_FILE,
+    README_FILE,
+    SIDECAR_FILE,
+    TIMING_CACHE_FILE,
+    TRTEXEC_FILE,
+    pretty,
+    trtexec_command,
+    write_recipe,
+)
 from lpes.spec import write_text_atomic
 
-ENGINE_FILE = "model.engine"
-SIDECAR_FILE = "model.engine.json"
-TIMING_CACHE_FILE = "timing.cache"
-TRTEXEC_FILE = "trtexec.sh"
-README_FILE = "README.md"
+DTYPES = ("float32", "float16", "bfloat16")
 FORMAT = "lpes-tensorrt"
 VERSION = 1
 
@@ -71,20 +70,22 @@ def build_engine_or_explain(
     builder-flag precision (see `tensorrt_build`).
     """
     onnx_dir, out_dir = Path(onnx_dir), Path(out_dir)
+    if dtype not in DTYPES:
+        raise LpesError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     metadata = read_metadata(onnx_dir)
     check_tensorrt_support(onnx_dir / MODEL_FILE)
     profile = profile or default_profile(max_positions(onnx_dir))
-    missing = missing_requirements()
+    missing = tensorrt_build.missing_requirements()
     # Without TensorRT here its version is unknown: the plan for 10 builds on 10 and 11 alike.
-    plan = build_plan(tensorrt_version() if missing is None else "10", dtype, typing)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    plan = build_plan(tensorrt_build.tensorrt_version() if missing is None else "10", dtype, typing)
     onnx_file = engine_onnx(onnx_dir, metadata["dtype"], plan.onnx_dtype, out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     shapes = input_shapes(graph_input_dims(onnx_file), profile)
     command = trtexec_command(os.path.relpath(onnx_file, out_dir), shapes, plan, workspace_bytes)
-    _write_recipe(out_dir, command, dtype, missing)
+    write_recipe(out_dir, command, dtype, missing, os.path.relpath(onnx_dir, out_dir))
     if missing is not None:
         where = f"build the engine in {out_dir.name}/ on the deployment machine with"
-        print(f"{where}:\n{_pretty(command)}", file=sys.stderr)
+        print(f"{where}:\n{pretty(command)}", file=sys.stderr)
         return (
             f"TensorRT engine not built: this machine lacks {missing}; the ONNX export is in place, "
             f"and {out_dir.name}/{TRTEXEC_FILE} builds the engine on a machine with both "
@@ -141,71 +142,6 @@ def graph_input_dims(onnx_file: Path) -> dict[str, list[int | str]]:
     return dims
 
 
-def trtexec_command(
-    onnx_path: str, shapes: dict, plan: BuildPlan, workspace_bytes: int | None = None
-) -> list[str]:
-    """The trtexec command line equivalent to the Python build (paths relative to the engine folder)."""
-    command = ["trtexec", f"--onnx={onnx_path}", f"--saveEngine={ENGINE_FILE}"]
-    command.append(f"--timingCacheFile={TIMING_CACHE_FILE}")
-    if plan.strongly_typed:
-        command.append("--stronglyTyped")  # needed on TensorRT 10, a no-op on 11
-    command += [f"--{flag.lower()}" for flag in plan.set_flags]  # --fp16 / --bf16 (TensorRT 10 only)
-    if "TF32" in plan.clear_flags:
-        command.append("--noTF32")
-    if workspace_bytes:
-        command.append(f"--memPoolSize=workspace:{max(1, workspace_bytes >> 20)}M")
-    command += trtexec_shape_flags(shapes)
-    command.append("--skipInference")
-    return command
-
-
-def _pretty(command: list[str]) -> str:
-    return " \\\n    ".join(shlex.quote(part) for part in command)
-
-
-def _write_recipe(out_dir: Path, command: list[str], dtype: str, missing: str | None) -> None:
-    script = (
-        "#!/bin/sh\n"
-        "# Builds model.engine for the GPU of the machine that runs this, with TensorRT >= 10.\n"
-        "# An engine is tied to its GPU model and TensorRT version: rebuild it for every other.\n"
-        "set -e\n"
-        'cd "$(dirname "$0")"\n'
-        f"{_pretty(command)}\n"
-    )
-    path = out_dir / TRTEXEC_FILE
-    write_text_atomic(path, script)
-    path.chmod(0o755)
-    write_text_atomic(out_dir / README_FILE, _readme(dtype, missing))
-
-
-def _readme(dtype: str, missing: str | None) -> str:
-    status = (
-        f"`{ENGINE_FILE}` was built on the machine that ran lpes-convert (see `{SIDECAR_FILE}`)."
-        if missing is None
-        else f"No engine was built here: this machine lacks {missing}."
-    )
-    return f"""# TensorRT engine ({dtype})
-
-{status}
-
-A TensorRT engine runs only on the GPU model and the TensorRT version that built it.
-Build it on the deployment machine (NVIDIA GPU, TensorRT >= 10), from this folder, either:
-
-    sh {TRTEXEC_FILE}
-
-(trtexec, the command line shipped with TensorRT; the script lists every input's
-min/opt/max shape, so the KV cache inputs `past_key_values.*` are covered), or, with lpes
-and the tensorrt Python package installed, which also writes the sidecar `{SIDECAR_FILE}`:
-
-    python -m lpes.exporters.tensorrt ../onnx . --dtype {dtype}
-
-Then generate with the engine and its KV cache:
-
-    from lpes.validation.trt_runner import TrtCausalLM
-    TrtCausalLM(".").greedy([[1, 2, 3]], max_new_tokens=16)
-"""
-
-
 def _write_engine(path: Path, serialized) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     try:
@@ -217,13 +153,13 @@ def _write_engine(path: Path, serialized) -> None:
 
 
 def _sidecar(onnx_dir, onnx_file, out_dir, metadata, dtype, profile, shapes, plan, cache) -> dict:
-    gpu = gpu_info()
+    gpu = tensorrt_build.gpu_info()
     spec_path = Path(onnx_dir) / SPEC_FILE
     return {
         "format": FORMAT,
         "version": VERSION,
         "dtype": dtype,
-        "tensorrt": tensorrt_version(),
+        "tensorrt": tensorrt_build.tensorrt_version(),
         "gpu": gpu.to_json() if gpu else None,
         "build": plan.to_json(),
         "onnx": os.path.relpath(onnx_file, out_dir),
@@ -259,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lpes.exporters.tensorrt", description=main.__doc__)
     parser.add_argument("onnx_dir", type=Path)
     parser.add_argument("out_dir", type=Path)
-    parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    parser.add_argument("--dtype", default="float32", choices=DTYPES)
     parser.add_argument("--timing-cache", type=Path, help=f"timing cache (default OUT_DIR/{TIMING_CACHE_FILE})")
     add_profile_arguments(parser)
     args = parser.parse_args(argv)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -81,7 +82,8 @@ def cast_model(model, low: int, keep_float32=KEEP_FLOAT32, float32_outputs=FLOAT
     # Stale annotations of retyped tensors would contradict the graph; inference rebuilds them.
     del graph.value_info[:]
     try:
-        inferred = shape_inference.infer_shapes(model, strict_mode=True)
+        with _weights_detached(model):
+            inferred = shape_inference.infer_shapes(model, strict_mode=True)
     except Exception as err:
         raise LpesError(f"cast ONNX: the {_name(low)} graph does not type-check: {str(err).splitlines()[0]}") from None
     graph.value_info.extend(inferred.graph.value_info)
@@ -116,13 +118,30 @@ def _float_tensors(model) -> set[str]:
     from onnx import shape_inference
 
     try:
-        typed = shape_inference.infer_shapes(model).graph
+        with _weights_detached(model):
+            typed = shape_inference.infer_shapes(model).graph
     except Exception as err:
         raise LpesError(f"cast ONNX: cannot infer the source graph's types: {str(err).splitlines()[0]}") from None
     values = list(typed.input) + list(typed.output) + list(typed.value_info)
     floats = {v.name for v in values if v.type.tensor_type.elem_type == FLOAT}
     floats |= {i.name for i in typed.initializer if i.data_type == FLOAT}
     return floats
+
+
+@contextmanager
+def _weights_detached(model, threshold: int = 1 << 16):
+    """The model without its large weights for the duration (inference needs only their types and shapes,
+    and a model over 2 GiB cannot be handed to it whole)."""
+    stash = {}
+    for index, init in enumerate(model.graph.initializer):
+        if len(init.raw_data) > threshold:
+            stash[index] = init.raw_data
+            init.ClearField("raw_data")
+    try:
+        yield model
+    finally:
+        for index, data in stash.items():
+            model.graph.initializer[index].raw_data = data
 
 
 def _refuse_control_flow(nodes) -> None:

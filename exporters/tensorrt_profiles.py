@@ -96,8 +96,9 @@ def default_profile(
             f"--max-sequence ({sequence_max}) and --max-past ({past_max}) must fit in --max-total ({total_max}): "
             "sequence <= total and past < total"
         )
-    sequence_opt = min(DEFAULT_OPT_SEQUENCE, sequence_max) if opt_sequence is None else opt_sequence
-    past_opt = min(past_max, total_max // 2) if opt_past is None else opt_past
+    half = max(1, total_max // 2)
+    sequence_opt = min(DEFAULT_OPT_SEQUENCE, sequence_max, half) if opt_sequence is None else opt_sequence
+    past_opt = min(past_max, total_max // 2, max(0, total_max - sequence_opt)) if opt_past is None else opt_past
     batch = _range("batch", 1, opt_batch, max_batch)
     sequence = _range("sequence", 1, sequence_opt, sequence_max)
     past = _range("past", 0, past_opt, past_max)

@@ -49,10 +49,9 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "attn_logit_softcapping": 50.0,
         "final_logit_softcapping": 30.0,
     },
-    "phi3": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
-                                                           "partial_rotary_factor": 0.5}},
-    "stablelm": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
-                                                               "partial_rotary_factor": 0.25}},
+    # Partial rotary: only part of each head is rotated.
+    "phi3": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}},
+    "stablelm": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}},
     "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
 }
 

@@ -71,10 +71,11 @@ class OrtCausalLM:
         if threads is not None:
             options.intra_op_num_threads = threads
         providers = [requested, CPU] if requested != CPU else [CPU]
+        path = self.onnx_dir / MODEL_FILE
         try:
-            self.session = ort.InferenceSession(str(self.onnx_dir / MODEL_FILE), options, providers=providers)
+            self.session = ort.InferenceSession(str(path), options, providers=providers)
         except Exception as err:  # onnxruntime raises its own Fail/NotImplemented types
-            raise LpesError(f"onnxruntime cannot load {self.onnx_dir / MODEL_FILE}: {str(err).splitlines()[0]}") from None
+            raise LpesError(f"onnxruntime cannot load {path}: {str(err).splitlines()[0]}") from None
         # What actually runs: onnxruntime falls back to CPU when CUDA cannot start.
         self.provider = self.session.get_providers()[0]
         self._past_names = onnx_io.past_names(self.num_layers)

@@ -239,7 +239,8 @@ def _case_failures(result: CaseResult) -> list[str]:
     if result.max_abs_error > result.bound:
         failures.append(f"logits differ by {result.max_abs_error:.2e} > {result.bound:.2e}")
     if result.top1_sure_mismatches:
-        failures.append(f"top-1 differs at {result.top1_sure_mismatches} position(s) where the reference is not near a tie")
+        count = result.top1_sure_mismatches
+        failures.append(f"top-1 differs at {count} position(s) where the reference is not near a tie")
     return failures
 
 

@@ -400,6 +400,7 @@ def plot_accuracy(report: ValidationReport, path: Path) -> Path:
         by_index = v.scores.accuracy_by_gold_index()
         style, color = styles.get(v.name, ("^:", f"C{n}"))
         ax.plot(list(by_index), [100 * a for a in by_index.values()], style, color=color, label=v.name)
+    ax.set_xticks(report.gold_indices)
     ax.set_xlabel("gold index (position of the needed pair)")
     ax.set_ylabel("accuracy (%)")
     ax.set_ylim(-3, 103)

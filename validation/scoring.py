@@ -28,6 +28,12 @@ Where (a) and (b) can give different verdicts, and why:
   decided by less than ~1e-5 (fp32) can flip.
 - With `max_new_tokens` shorter than the answer's token count, (a) is wrong
   whatever the model does.
+- RoPE variants whose frequencies depend on the sequence length (dynamic NTK,
+  LongRoPE) pick them in transformers from the longest row of a batch, and (a)'s
+  cache keeps keys rotated with the frequencies of the prefill: for those, a row's
+  verdict can depend on its batch, and (a) and (b) can differ near the switch
+  length. Use batch_size=1 where that matters. Plain RoPE (default, linear,
+  llama3, yarn) depends on position differences only and is unaffected.
 
 By default (a) generates exactly as many tokens as the answer has (per example),
 so a value can never be "found" in text generated after a wrong answer; with that

@@ -29,6 +29,7 @@ class TrtCausalLM:
 
     def __init__(self, engine_dir: Path, device: int = 0):
         trt, torch = _import_runtime()
+        self._torch = torch
         self.engine_dir = Path(engine_dir)
         self.sidecar = read_sidecar(self.engine_dir)
         path = self.engine_dir / ENGINE_FILE
@@ -36,29 +37,36 @@ class TrtCausalLM:
             raise LpesError(f"no TensorRT engine at {path}; build it with {self.engine_dir / 'trtexec.sh'}")
         self._check_built_here(trt.__version__, torch.cuda.get_device_capability(device))
         self.device = torch.device("cuda", device)
+        self._load(trt, path)
+        self._read_interface(trt)
+        self.provider = f"TensorRT {trt.__version__} on {torch.cuda.get_device_name(device)}"
+        self._empty = torch.empty(_EMPTY_BYTES, dtype=torch.uint8, device=self.device)
+
+    def _load(self, trt, path: Path) -> None:
         self._logger = trt.Logger(trt.Logger.WARNING)
         self._runtime = trt.Runtime(self._logger)
-        with torch.cuda.device(self.device):
+        with self._torch.cuda.device(self.device):
             self.engine = self._runtime.deserialize_cuda_engine(path.read_bytes())
             if self.engine is None:
                 raise LpesError(f"TensorRT {trt.__version__} cannot load {path} (see its log above); rebuild it here")
             self.context = self.engine.create_execution_context()
-        names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
-        self.inputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
+
+    def _read_interface(self, trt) -> None:
+        """I/O names, types, cache shape and profile limits, read off the engine itself."""
+        engine = self.engine
+        names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+        self.inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
         self.outputs = [n for n in names if n not in self.inputs]
-        self._dtypes = {n: _torch_dtype(trt, torch, self.engine.get_tensor_dtype(n)) for n in names}
+        self._dtypes = {n: _torch_dtype(trt, self._torch, engine.get_tensor_dtype(n)) for n in names}
         self.num_layers = sum(1 for n in self.inputs if n.startswith("past_key_values.") and n.endswith(".key"))
         if self.num_layers == 0:
-            raise LpesError(f"{path} has no past_key_values inputs: not an lpes engine with a KV cache")
+            raise LpesError(f"{self.engine_dir / ENGINE_FILE} has no past_key_values inputs: no KV cache to run")
         first_past = onnx_io.past_names(self.num_layers)[0]
-        cache_shape = tuple(self.engine.get_tensor_shape(first_past))  # [batch, kv_heads, past, head_dim]
+        cache_shape = tuple(engine.get_tensor_shape(first_past))  # [batch, kv_heads, past, head_dim]
         self.num_kv_heads, self.head_dim = cache_shape[1], cache_shape[3]
         self.dtype = (self.sidecar or {}).get("dtype") or str(self._dtypes[first_past]).removeprefix("torch.")
         self.max_batch = self._profile_max(onnx_io.INPUT_IDS, 0)
         self.max_total = self._profile_max(onnx_io.ATTENTION_MASK, 1)
-        self.provider = f"TensorRT {trt.__version__} on {torch.cuda.get_device_name(device)}"
-        self._torch = torch
-        self._empty = torch.empty(_EMPTY_BYTES, dtype=torch.uint8, device=self.device)
 
     def _check_built_here(self, version: str, capability: tuple[int, int]) -> None:
         # An engine from another TensorRT version or GPU architecture does not load (or worse).
