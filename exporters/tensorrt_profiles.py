@@ -176,7 +176,11 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
         group.add_argument(flag, dest=dest, type=int, default=None, help=text)
 
 
+def profile_overrides(args: argparse.Namespace) -> dict[str, int]:
+    """The profile flags the user gave, as keyword arguments for `default_profile`."""
+    return {dest: getattr(args, dest) for _, dest, _ in _FLAGS if getattr(args, dest, None) is not None}
+
+
 def profile_from_args(args: argparse.Namespace, max_positions: int) -> Profile:
     """The profile the flags ask for (defaults from `max_positions`)."""
-    given = {dest: getattr(args, dest) for _, dest, _ in _FLAGS if getattr(args, dest, None) is not None}
-    return default_profile(max_positions, **given)
+    return default_profile(max_positions, **profile_overrides(args))

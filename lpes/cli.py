@@ -44,6 +44,7 @@ def _run(prog: str, main: Callable[[list[str] | None], int], argv: list[str] | N
 
 def _convert(argv: list[str] | None) -> int:
     from lpes.convert_pipeline import TARGETS, execute, plan
+    from lpes.exporters.tensorrt_profiles import add_profile_arguments, profile_overrides
 
     parser = argparse.ArgumentParser(
         prog="lpes-convert",
@@ -61,8 +62,10 @@ def _convert(argv: list[str] | None) -> int:
     parser.add_argument("--no-validate", dest="validate", action="store_false",
                         help="skip parity and key-value validation (not recommended)")
     parser.add_argument("--push-to-hub", metavar="REPO_ID", help="upload the Hub folder to this repo when done")
+    add_profile_arguments(parser)
     args = parser.parse_args(argv)
-    the_plan = plan(args.model, args.spec, args.out, args.to, args.dtype, args.force, args.validate, args.push_to_hub)
+    the_plan = plan(args.model, args.spec, args.out, args.to, args.dtype, args.force, args.validate, args.push_to_hub,
+                    profile_overrides(args))
     result = execute(the_plan)
     for report in result.reports:
         print(report)

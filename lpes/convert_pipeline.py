@@ -39,6 +39,7 @@ class ConvertPlan:
     force: bool = False
     validate: bool = True
     push_to_hub: str | None = None
+    tensorrt_profile: object | None = None  # exporters.tensorrt_profiles.Profile
 
 
 @dataclass
@@ -68,6 +69,7 @@ def plan(
     force: bool = False,
     validate: bool = True,
     push_to_hub: str | None = None,
+    tensorrt_profile: dict | None = None,
 ) -> ConvertPlan:
     """Check every input; raise LpesError with one line for the first problem found."""
     from lpes.converter.loading import DTYPES
@@ -93,8 +95,13 @@ def plan(
         from lpes.exporters.genai import check_genai
 
         check_genai(model_path, spec)
+    profile = None
+    if "tensorrt" in target_list:
+        from lpes.exporters.tensorrt_profiles import default_profile
+
+        profile = default_profile(config.max_position_embeddings, **(tensorrt_profile or {}))
     spec = _with_provenance(spec, config, model)
-    return ConvertPlan(model, model_path, spec, out, target_list, dtype, force, validate, push_to_hub)
+    return ConvertPlan(model, model_path, spec, out, target_list, dtype, force, validate, push_to_hub, profile)
 
 
 def _with_provenance(spec: Spec, config, model_name: str) -> Spec:
@@ -181,7 +188,8 @@ def _write_tensorrt(plan: ConvertPlan, staging: Path, result: ConvertResult) -> 
     from lpes.exporters.tensorrt import build_engine_or_explain
 
     _progress("building the TensorRT engine from the ONNX export")
-    note = build_engine_or_explain(staging / TARGET_DIRS["onnx"], staging / TARGET_DIRS["tensorrt"], plan.dtype)
+    note = build_engine_or_explain(staging / TARGET_DIRS["onnx"], staging / TARGET_DIRS["tensorrt"], plan.dtype,
+                                   profile=plan.tensorrt_profile)
     if note:
         result.warnings.append(note)
 
