@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 
 import torch
-from lpes.validation import tiny_kv
 from transformers import (
     AutoConfig,
     AutoTokenizer,
@@ -33,6 +32,8 @@ from transformers import (
     LlamaForCausalLM,
     PreTrainedTokenizerBase,
 )
+
+from lpes.validation import tiny_kv
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_LENGTH = 256

@@ -12,6 +12,7 @@ import json
 import sys
 import time
 from dataclasses import asdict, dataclass
+from itertools import zip_longest
 from pathlib import Path
 
 from lpes.errors import LpesError
@@ -74,8 +75,8 @@ def search(model: str, out: str | Path, options: SearchOptions = SearchOptions()
     examples = load_examples(model_path, options.data, use_chat_template=options.chat_template, split="search")
     if not examples:
         raise LpesError("the calibration data has no examples")
-    holdout = load_examples(model_path, options.data, use_chat_template=options.chat_template,
-                            split="validation")[: options.holdout]
+    holdout = _across_positions(load_examples(model_path, options.data, use_chat_template=options.chat_template,
+                                              split="validation"), options.holdout)
     space = SearchSpace(grid, config.num_hidden_layers, options.degree)
     replicas = load_replicas(model_path, devices(options.device))
     tokenizer = _tokenizer(model_path)
@@ -110,6 +111,15 @@ def search(model: str, out: str | Path, options: SearchOptions = SearchOptions()
     print(f"lpes-search: wrote {out} in {time.time() - started:.0f}s (fitness {state.parents[0].fitness:.3f}, "
           f"held-out {held_out['unscaled']:.3f} -> {held_out['lpes']:.3f})", file=sys.stderr)
     return spec
+
+
+def _across_positions(examples: list, count: int) -> list:
+    """The first `count` examples taken in turn from each gold position (the data comes grouped by position)."""
+    groups: dict[int, list] = {}
+    for example in examples:
+        groups.setdefault(example.gold_index, []).append(example)
+    interleaved = [e for batch in zip_longest(*groups.values()) for e in batch if e is not None]
+    return interleaved[:count]
 
 
 def _tokenizer(model_path: Path):

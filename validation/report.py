@@ -6,8 +6,8 @@ Variants, in order:
 - `reference`: the same model patched with the spec (`converter.reference.apply`);
 - every export found in the output folder (`EXPORT_VARIANTS`): the Hub folder
   (loaded with trust_remote_code), `onnx/` (onnxruntime), `genai/`
-  (onnxruntime-genai), `tensorrt/` (a hook: no runner yet, so it is reported as
-  skipped). An export that cannot run on this machine is reported as skipped.
+  (onnxruntime-genai), `tensorrt/` (TensorRT, on a GPU). An export that cannot
+  run on this machine (no GPU, runtime not installed) is reported as skipped.
 
 Every variant decodes greedily on the same examples (`scoring.greedy_correct`). An
 export passes when its greedy output differs from the reference's on no more
@@ -92,9 +92,14 @@ def _load_genai(folder: Path, dtype: str):
 
 
 def _load_tensorrt(folder: Path, dtype: str):
-    # The hook for the TensorRT runner: return an object with `.greedy` (scoring.GreedyRunner),
-    # or raise VariantUnavailable (no GPU, tensorrt not installed).
-    raise VariantUnavailable("no TensorRT runner in this lpes version yet")
+    _require("tensorrt", "tensorrt")
+    import torch
+
+    if not torch.cuda.is_available():  # engines run on the GPU they were built for
+        raise VariantUnavailable("a TensorRT engine needs an NVIDIA GPU and a CUDA build of torch")
+    from lpes.validation.trt_runner import TrtCausalLM
+
+    return TrtCausalLM(folder)
 
 
 def _require(module: str, extra: str) -> None:
@@ -107,7 +112,7 @@ def _require(module: str, extra: str) -> None:
 EXPORT_VARIANTS: dict[str, ExportVariant] = {
     "hf": ExportVariant(".", ("modeling_lpes.py",), _load_hf),
     "onnx": ExportVariant("onnx", ("model.onnx",), _load_onnx),
-    "tensorrt": ExportVariant("tensorrt", ("*.engine", "*.plan"), _load_tensorrt),
+    "tensorrt": ExportVariant("tensorrt", ("model.engine",), _load_tensorrt),
     "genai": ExportVariant("genai", ("genai_config.json",), _load_genai),
 }
 

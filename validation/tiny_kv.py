@@ -26,9 +26,10 @@ from dataclasses import dataclass
 from functools import cache
 
 import torch
-from lpes.validation.examples import Example
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
+
+from lpes.validation.examples import Example
 
 NUM_KEYS = 64
 NUM_VALUES = 8
