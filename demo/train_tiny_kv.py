@@ -47,9 +47,7 @@ EVAL_SCALES = (1.0, 2.0, 4.0)
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("lpes/models/lpes-tiny-kv"))
     parser.add_argument("--steps", type=int, default=2500)
     parser.add_argument("--seed", type=int, default=0)

@@ -78,6 +78,7 @@ class OrtCausalLM:
             raise LpesError(f"onnxruntime cannot load {path}: {str(err).splitlines()[0]}") from None
         # What actually runs: onnxruntime falls back to CPU when CUDA cannot start.
         self.provider = self.session.get_providers()[0]
+        self._device = "cuda" if self.provider == CUDA else "cpu"
         self._past_names = onnx_io.past_names(self.num_layers)
         self._present_names = onnx_io.present_names(self.num_layers)
 
@@ -88,18 +89,40 @@ class OrtCausalLM:
 
         `past` and `present` are lists of (key, value) per layer, [b, kv_heads, length, head_dim];
         `past=None` is the empty cache of a prefill. float32 and float16 exports only
-        (numpy has no bfloat16; `greedy` works for all dtypes).
+        (numpy has no bfloat16; `step` and `greedy` work for all dtypes).
         """
         if self.dtype == "bfloat16":
-            raise LpesError("forward() exchanges numpy arrays, which cannot hold bfloat16; use greedy()")
+            raise LpesError("forward() exchanges numpy arrays, which cannot hold bfloat16; use step() or greedy()")
         batch = np.asarray(input_ids).shape[0]
         flat = self.empty_past(batch) if past is None else [self._ort_value(np.asarray(t)) for kv in past for t in kv]
-        outputs = self._run(input_ids, attention_mask, position_ids, flat)
-        present = [(outputs[1 + 2 * i].numpy(), outputs[2 + 2 * i].numpy()) for i in range(self.num_layers)]
-        return outputs[0].numpy(), present
+        logits, present = self.step(input_ids, attention_mask, position_ids, flat, cache_device="cpu")
+        return logits, [(present[2 * i].numpy(), present[2 * i + 1].numpy()) for i in range(self.num_layers)]
+
+    def step(self, input_ids, attention_mask, position_ids, past: list, cache_device: str | None = None):
+        """One model call with the cache as onnxruntime values: (logits float32 numpy, present OrtValues).
+
+        `past` is flat (key, value of layer 0, key, value of layer 1, ...), as `empty_past` and
+        `present` are. The present tensors stay where the provider computed them (on the GPU
+        under CUDA), so feeding them back as `past` copies nothing; `cache_device="cpu"` moves them.
+        """
+        import onnxruntime as ort
+
+        binding = self.session.io_binding()
+        for name, array in ((onnx_io.INPUT_IDS, input_ids), (onnx_io.ATTENTION_MASK, attention_mask),
+                            (onnx_io.POSITION_IDS, position_ids)):
+            value = np.ascontiguousarray(array, dtype=np.int64)
+            binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(value))
+        for name, value in zip(self._past_names, past):
+            binding.bind_ortvalue_input(name, value)
+        binding.bind_output(onnx_io.LOGITS, "cpu")
+        for name in self._present_names:
+            binding.bind_output(name, cache_device or self._device)
+        self.session.run_with_iobinding(binding)
+        outputs = binding.get_outputs()
+        return outputs[0].numpy(), list(outputs[1:])
 
     def empty_past(self, batch: int) -> list:
-        """The cache before a prefill: past length 0 for every layer."""
+        """The cache before a prefill: past length 0 for every layer (flat, as `step` takes it)."""
         shape = (batch, self.num_kv_heads, 0, self.head_dim)
         return [self._ort_value(np.zeros(shape, dtype=np.uint16 if self.dtype == "bfloat16" else self.dtype))
                 for _ in range(2 * self.num_layers)]
@@ -110,19 +133,6 @@ class OrtCausalLM:
         if self.dtype == "bfloat16":  # raw bits in uint16, typed by onnx element type
             return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(array, _ONNX_ELEMENT_TYPE["bfloat16"])
         return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array, dtype=self.dtype))
-
-    def _run(self, input_ids, attention_mask, position_ids, flat_past: list) -> list:
-        import onnxruntime as ort
-
-        feeds = {
-            onnx_io.INPUT_IDS: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(input_ids, dtype=np.int64)),
-            onnx_io.ATTENTION_MASK: ort.OrtValue.ortvalue_from_numpy(
-                np.ascontiguousarray(attention_mask, dtype=np.int64)
-            ),
-            onnx_io.POSITION_IDS: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(position_ids, dtype=np.int64)),
-        }
-        feeds.update(zip(self._past_names, flat_past))
-        return self.session.run_with_ort_values([onnx_io.LOGITS, *self._present_names], feeds)
 
     # -- generation -------------------------------------------------------------------------
 
@@ -151,8 +161,8 @@ class OrtCausalLM:
         step_logits = []
         stop = set() if eos_token_id is None else {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id)
         for _ in range(max_new_tokens):
-            outputs = self._run(ids, mask, positions, past)
-            logits = outputs[0].numpy()[:, -1, :]
+            logits, present = self.step(ids, mask, positions, past)
+            logits = logits[:, -1, :]
             step_logits.append(logits)
             chosen = logits.argmax(axis=-1)
             for row, token in enumerate(chosen):
@@ -161,7 +171,7 @@ class OrtCausalLM:
                     done[row] = int(token) in stop
             if done.all():
                 break
-            past = outputs[1:]
+            past = present
             ids = chosen[:, None].astype(np.int64)
             positions = positions[:, -1:] + 1
             mask = np.concatenate([mask, np.ones((len(input_ids), 1), dtype=np.int64)], axis=1)

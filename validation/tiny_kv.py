@@ -133,9 +133,7 @@ def make_examples(
     return examples
 
 
-def make_batch(
-    rng: random.Random, batch_size: int, length: int, num_pairs: int
-) -> tuple[torch.Tensor, torch.Tensor]:
+def make_batch(rng: random.Random, batch_size: int, length: int, num_pairs: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Training ids ``(batch_size, length)`` with ``<bos>`` first, and target ids ``(batch_size,)``.
 
     The gold index is drawn uniformly per example. Pass the training script's own
