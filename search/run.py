@@ -95,6 +95,7 @@ def search(model: str, out: str | Path, options: SearchOptions = SearchOptions()
     reporter.close()
     best = state.parents[0].genome
     spec = best.spec(grid, config.num_hidden_layers)
+    uniform_scale, uniform_fitness = _best_uniform(evaluator, grid, config.num_hidden_layers)
     held_out = _held_out(replicas[0], tokenizer, holdout, spec, options.batch_size)
     provenance = {
         "model": model_fingerprint(config),
@@ -102,7 +103,8 @@ def search(model: str, out: str | Path, options: SearchOptions = SearchOptions()
         "search": {**asdict(options), "device": None, "calibration_examples": len(examples),
                    "fitness": state.parents[0].fitness, "evaluations": state.evaluations,
                    "raced_out": state.raced_out, "duplicates_skipped": state.duplicates_skipped,
-                   "forward_tokens": state.forward_tokens, "history": state.history},
+                   "forward_tokens": state.forward_tokens, "history": state.history,
+                   "best_uniform_scale": uniform_scale, "best_uniform_fitness": uniform_fitness},
         "held_out": held_out,
     }
     spec = Spec(spec.scales, spec.curve, provenance)
@@ -111,6 +113,24 @@ def search(model: str, out: str | Path, options: SearchOptions = SearchOptions()
     print(f"lpes-search: wrote {out} in {time.time() - started:.0f}s (fitness {state.parents[0].fitness:.3f}, "
           f"held-out {held_out['unscaled']:.3f} -> {held_out['lpes']:.3f})", file=sys.stderr)
     return spec
+
+
+def _best_uniform(evaluator: ModelEvaluator, grid: ScaleGrid, num_layers: int, chunk: int = 16):
+    """The baseline LPES must beat: the grid scale that, applied to every layer, scores best.
+
+    Raced like the search: a scale stops being scored once it cannot beat the best so far.
+    """
+    best_scale, best_correct, total = 1.0, -1, evaluator.num_examples
+    for scale in grid.values:
+        correct = 0
+        for start in range(0, total, chunk):
+            ids = list(range(start, min(total, start + chunk)))
+            correct += sum(evaluator.correct((scale,) * num_layers, ids))
+            if correct + total - ids[-1] - 1 <= best_correct:
+                break
+        else:
+            best_scale, best_correct = scale, correct
+    return best_scale, best_correct / total
 
 
 def _across_positions(examples: list, count: int) -> list:

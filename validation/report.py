@@ -40,6 +40,7 @@ VERSION = 1
 JSON_FILE, MARKDOWN_FILE, PLOT_FILE = "validation.json", "validation.md", "validation.png"
 REFERENCE = "reference"
 UNSCALED = "unscaled"
+UNIFORM = "best uniform"
 # Share of examples on which an export may decode differently from the reference. float32
 # runtimes differ only in rounding, far below the logit gaps of a greedy choice; half
 # precision moves logits by ~1e-3 relative and flips a near-tie now and then.
@@ -273,7 +274,9 @@ def validate(
     if not examples:
         raise LpesError("validation needs at least one example")
     exports = _found_exports(out_dir, variants)
-    bar = tqdm(total=len(examples) * (2 + len(exports)), desc="lpes-validate", unit="example", disable=not progress)
+    torch_variants = 3 if "best_uniform_scale" in spec.provenance.get("search", {}) else 2
+    total = len(examples) * (torch_variants + len(exports))
+    bar = tqdm(total=total, desc="lpes-validate", unit="example", disable=not progress)
 
     def score(name: str, model, eos) -> scoring.Scores:
         bar.set_postfix_str(name)
@@ -300,11 +303,16 @@ def _score_torch(model_path: Path, spec: Spec, tokenizer, dtype: str, device: st
 
     model = load_model(Path(model_path), dtype).to(_device(device))
     eos = scoring.eos_token_ids(model, tokenizer)  # the exports' runners get the same stop tokens
-    unscaled = VariantResult(UNSCALED, "ok", score(UNSCALED, model, eos or None))
+    results = [VariantResult(UNSCALED, "ok", score(UNSCALED, model, eos or None))]
+    uniform = spec.provenance.get("search", {}).get("best_uniform_scale")
+    if uniform is not None:  # the baseline a per-layer curve must beat, found by lpes-search
+        apply(model, Spec.from_scales([uniform] * len(spec.scales)))
+        name = f"{UNIFORM} s={uniform:g}"
+        results.append(VariantResult(name, "ok", score(name, model, eos or None)))
     apply(model, spec)
-    reference = VariantResult(REFERENCE, "ok", score(REFERENCE, model, eos or None))
+    results.append(VariantResult(REFERENCE, "ok", score(REFERENCE, model, eos or None)))
     del model
-    return [unscaled, reference], eos
+    return results, eos
 
 
 def _score_export(name, folder, reference: VariantResult, torch_dtype, device, eos, score) -> VariantResult:
