@@ -88,10 +88,11 @@ def _rng_from_json(data: list) -> random.Random:
 
 class GeneticSearch:
     def __init__(self, space: SearchSpace, evaluator: Evaluator, settings: GASettings,
-                 on_generation: Callable[[SearchState], None] | None = None):
-        """`on_generation` runs after every generation (checkpointing, progress)."""
+                 on_generation: Callable[[SearchState], None] | None = None, seeds: tuple[Genome, ...] = ()):
+        """`on_generation` runs after every generation (checkpointing, progress); `seeds` join the
+        first population after the unscaled genome."""
         self.space, self.evaluator, self.settings = space, evaluator, settings
-        self.on_generation = on_generation
+        self.on_generation, self.seeds = on_generation, seeds
 
     def run(self, state: SearchState | None = None) -> SearchState:
         """Run to the last generation from `state` (a resumed checkpoint) or from scratch."""
@@ -115,6 +116,9 @@ class GeneticSearch:
 
     def _first_generation(self, state: SearchState, rng: random.Random) -> None:
         genomes = [self.space.identity()]
+        for seed in self.seeds:
+            if self._key(seed) not in {self._key(g) for g in genomes} and len(genomes) < self.settings.population:
+                genomes.append(seed)
         while len(genomes) < self.settings.population:
             genomes.append(self._novel(lambda: self.space.random(rng), state, genomes))
         scored = [s for s in (self._score(g, state, None) for g in genomes if g is not None) if s is not None]

@@ -66,6 +66,10 @@ class SearchSpace:
         one = self.grid.nearest(1.0)
         return Genome(self._even_x(), (one,) * (self.degree + 1))
 
+    def uniform(self, scale: float) -> Genome:
+        """Every layer at the grid value nearest `scale`."""
+        return Genome(self._even_x(), (self.grid.nearest(scale),) * (self.degree + 1))
+
     def random(self, rng: random.Random) -> Genome:
         xs = tuple(sorted(rng.randrange(self.num_layers) for _ in range(self.degree - 1)))
         ys = tuple(rng.randrange(len(self.grid.values)) for _ in range(self.degree + 1))

@@ -82,20 +82,25 @@ def search(model: str, out: str | Path, options: SearchOptions = SearchOptions()
     tokenizer = _tokenizer(model_path)
     evaluator = ModelEvaluator(replicas, tokenizer, examples, options.method, options.batch_size)
     checkpoint = out.with_name(out.name + ".state.json")
-    state = _resume(checkpoint, options, model_path)
     started = time.time()
+    state, uniform = _resume(checkpoint, options, model_path, force)
+    if uniform is None:
+        uniform = _best_uniform(evaluator, grid, config.num_hidden_layers, options.racing)
+    uniform_scale, uniform_fitness, uniform_tokens = uniform
     reporter = _Reporter(settings.generations, progress)
     key = _settings_key(options, model_path)
 
     def after_generation(state: SearchState) -> None:
-        write_text_atomic(checkpoint, json.dumps({"settings_key": key, "state": state.to_json()}))
+        checkpoint_data = {"settings_key": key, "uniform": list(uniform), "state": state.to_json()}
+        write_text_atomic(checkpoint, json.dumps(checkpoint_data))
         reporter(state)
 
-    state = GeneticSearch(space, evaluator, settings, after_generation).run(state)
+    # Seeded with the best uniform scale, the search can only match or beat it on calibration (elitism).
+    seeds = (space.uniform(uniform_scale),)
+    state = GeneticSearch(space, evaluator, settings, after_generation, seeds).run(state)
     reporter.close()
     best = state.parents[0].genome
     spec = best.spec(grid, config.num_hidden_layers)
-    uniform_scale, uniform_fitness = _best_uniform(evaluator, grid, config.num_hidden_layers)
     held_out = _held_out(replicas[0], tokenizer, holdout, spec, options.batch_size)
     provenance = {
         "model": model_fingerprint(config),
@@ -104,7 +109,8 @@ def search(model: str, out: str | Path, options: SearchOptions = SearchOptions()
                    "fitness": state.parents[0].fitness, "evaluations": state.evaluations,
                    "raced_out": state.raced_out, "duplicates_skipped": state.duplicates_skipped,
                    "forward_tokens": state.forward_tokens, "history": state.history,
-                   "best_uniform_scale": uniform_scale, "best_uniform_fitness": uniform_fitness},
+                   "best_uniform_scale": uniform_scale, "best_uniform_fitness": uniform_fitness,
+                   "uniform_scan_tokens": uniform_tokens},
         "held_out": held_out,
     }
     spec = Spec(spec.scales, spec.curve, provenance)
@@ -115,22 +121,24 @@ def search(model: str, out: str | Path, options: SearchOptions = SearchOptions()
     return spec
 
 
-def _best_uniform(evaluator: ModelEvaluator, grid: ScaleGrid, num_layers: int, chunk: int = 16):
-    """The baseline LPES must beat: the grid scale that, applied to every layer, scores best.
+def _best_uniform(evaluator: ModelEvaluator, grid: ScaleGrid, num_layers: int, racing: bool, chunk: int = 16):
+    """(scale, fitness, tokens): the grid scale that, applied to every layer, scores best on calibration.
 
-    Raced like the search: a scale stops being scored once it cannot beat the best so far.
+    This is the baseline a per-layer curve must beat. Raced like the search: a scale stops
+    being scored once it cannot beat the best so far (ties go to the smaller scale).
     """
+    tokens_before = evaluator.forward_tokens
     best_scale, best_correct, total = 1.0, -1, evaluator.num_examples
     for scale in grid.values:
         correct = 0
         for start in range(0, total, chunk):
             ids = list(range(start, min(total, start + chunk)))
             correct += sum(evaluator.correct((scale,) * num_layers, ids))
-            if correct + total - ids[-1] - 1 <= best_correct:
+            if racing and correct + total - ids[-1] - 1 <= best_correct:
                 break
-        else:
+        if correct > best_correct:
             best_scale, best_correct = scale, correct
-    return best_scale, best_correct / total
+    return best_scale, best_correct / total, evaluator.forward_tokens - tokens_before
 
 
 def _across_positions(examples: list, count: int) -> list:
@@ -153,14 +161,18 @@ def _settings_key(options: SearchOptions, model_path: Path) -> str:
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _resume(checkpoint: Path, options: SearchOptions, model_path: Path) -> SearchState | None:
+def _resume(checkpoint: Path, options: SearchOptions, model_path: Path, force: bool):
+    """(state, uniform baseline) saved by an interrupted run of the same search, else (None, None)."""
     if not checkpoint.is_file():
-        return None
+        return None, None
     data = json.loads(checkpoint.read_text())
     if data.get("settings_key") != _settings_key(options, model_path):
-        raise LpesError(f"{checkpoint} is from a search with other settings; delete it to start afresh")
+        if not force:
+            raise LpesError(f"{checkpoint} is from a search with other settings; delete it or pass --force")
+        print(f"lpes-search: ignoring {checkpoint} (other settings; --force)", file=sys.stderr)
+        return None, None
     print(f"lpes-search: resuming from {checkpoint} (generation {data['state']['generation']})", file=sys.stderr)
-    return SearchState.from_json(data["state"])
+    return SearchState.from_json(data["state"]), tuple(data["uniform"])
 
 
 def _held_out(model, tokenizer, examples, best: Spec, batch_size: int) -> dict:
