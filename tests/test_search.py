@@ -128,3 +128,15 @@ def test_refuses_to_overwrite_and_non_rope_models(tmp_path, tiny_kv_model, capsy
     AutoModelForCausalLM.from_config(GPT2Config(n_layer=2, n_embd=32, n_head=2)).save_pretrained(tmp_path / "g")
     assert search_main(search_args(tmp_path / "g", tmp_path / "new.json")) == 2
     assert "no RoPE" in capsys.readouterr().err
+
+
+def test_search_on_the_bundled_model_improves_held_out_accuracy(tmp_path):
+    """The trained tiny model loses far facts at 4x its training length; the found curve recovers them."""
+    from lpes.search.run import SearchOptions, search
+
+    options = SearchOptions(data="tiny-kv:examples=3", population=4, generations=1, holdout=15,
+                            scale_grid="1:4:1")
+    spec = search("lpes-tiny-kv", tmp_path / "best.json", options, progress=False)
+    held_out = spec.provenance["held_out"]
+    assert held_out["lpes"] >= held_out["unscaled"] + 0.2
+    assert spec.provenance["search"]["fitness"] >= spec.provenance["search"]["best_uniform_fitness"]
