@@ -90,7 +90,11 @@ def plan(
     if {"onnx", "tensorrt"} & set(target_list):
         from lpes.exporters.onnx_export import check_exportable
 
-        check_exportable(config)
+        check_exportable(config, spec, dtype)
+        if validate and "onnx" in target_list:
+            from lpes.validation.ort_runner import check_dtype_supported
+
+            check_dtype_supported(dtype)
     if "genai" in target_list:
         from lpes.exporters.genai import check_genai
 
