@@ -235,12 +235,7 @@ def test_teacher_forcing_agrees_with_greedy_on_kv_prompts(kv_model):
 
 def test_bundled_model_teacher_forcing_agrees_with_greedy():
     """The trained tiny model on its own task: real right and wrong answers, one verdict per example."""
-    try:
-        folder = resolve_model("lpes-tiny-kv")
-    except Exception:
-        pytest.skip("the bundled model lpes/models/lpes-tiny-kv is not there yet")
-    if not (folder / "model.safetensors").is_file():
-        pytest.skip("the bundled model lpes/models/lpes-tiny-kv has no weights yet")
+    folder = resolve_model("lpes-tiny-kv")
     from transformers import AutoTokenizer
 
     from lpes.validation.tasks import load_examples
