@@ -19,7 +19,7 @@ pipeline_tag: text-generation
 
 # {name} with LPES per-layer RoPE scaling
 
-This is [{base_model}]({base_link}) with **Layer-specific Positional Embedding Scaling** (LPES):
+This is {base_link} with **Layer-specific Positional Embedding Scaling** (LPES):
 decoder layer *h* uses RoPE `inv_freq / s_h`, so positions act as `i / s_h`. No weight is
 changed and inference costs the same as the base model. The scales sit in `config.json`
 (`lpes.scales`); `modeling_lpes.py` and `lpes_rope.py` (short, auditable, torch and
@@ -47,7 +47,7 @@ silently in its place.
 |---|---|
 {rows}
 {validation}
-Made with [lpes](https://github.com/lpes) {lpes_version}; the full spec is in `lpes_spec.json`.
+Made with lpes {lpes_version}; the full spec is in `lpes_spec.json`.
 """
 
 
@@ -62,7 +62,8 @@ def write_model_card(out_dir: Path, spec: Spec, base_model: str, config, validat
     validation = f"\n## Validation\n\n{validation_md}\n" if validation_md else ""
     text = CARD.format(
         base_model=base_model,
-        base_link=f"https://huggingface.co/{base_model}",
+        # Only a Hub id (owner/name) gets a link; a local folder or bundled name does not resolve there.
+        base_link=f"[{base_model}](https://huggingface.co/{base_model})" if base_model.count("/") == 1 else base_model,
         name=out_dir.name if not base_model else f"{base_model.split('/')[-1]}-lpes",
         curve_line=curve_line,
         rows=rows,

@@ -10,12 +10,14 @@ fitness (correct so far + every remaining example) is below the worst current pa
 can never be selected. Its scoring stops there. Selection is therefore identical to
 scoring every child on every example, and so is the whole run: racing changes the cost,
 never the result. Examples that the population fails most often are scored first, so
-hopeless children are found early.
+hopeless children are found early. Ties in fitness go to the curve that changes the
+model least (smallest sum of |log s_h|), then to the one scored first.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -48,6 +50,7 @@ class Scored:
     genome: Genome
     fitness: float
     order: int  # evaluation order: breaks ties the same way in every run
+    deviation: float = 0.0  # sum of |log s_h|: how far the curve moves the model from its own RoPE
 
 
 @dataclass
@@ -65,13 +68,13 @@ class SearchState:
 
     def to_json(self) -> dict:
         data = asdict(self)
-        data["parents"] = [[s.genome.to_json(), s.fitness, s.order] for s in self.parents]
+        data["parents"] = [[s.genome.to_json(), s.fitness, s.order, s.deviation] for s in self.parents]
         return data
 
     @classmethod
     def from_json(cls, data: dict) -> SearchState:
         state = cls(**{k: v for k, v in data.items() if k != "parents"})
-        state.parents = [Scored(Genome.from_json(g), f, o) for g, f, o in data["parents"]]
+        state.parents = [Scored(Genome.from_json(g), f, o, d) for g, f, o, d in data["parents"]]
         return state
 
 
@@ -173,7 +176,7 @@ class GeneticSearch:
         state.evaluations += 1
         fitness = correct / total
         state.seen[self._key(genome)] = fitness
-        return Scored(genome, fitness, len(state.seen))
+        return Scored(genome, fitness, len(state.seen), sum(abs(math.log(s)) for s in scales))
 
     def _end_generation(self, state: SearchState, rng: random.Random, scored: list[Scored]) -> None:
         state.forward_tokens = self._tokens_before + self.evaluator.forward_tokens
@@ -193,4 +196,6 @@ class GeneticSearch:
 
 
 def _best(scored: list[Scored], count: int) -> list[Scored]:
-    return sorted(scored, key=lambda s: (-s.fitness, s.order))[:count]
+    # At equal fitness the curve that changes the model least wins: it keeps what the model
+    # learned at its own positions wherever scaling does not help.
+    return sorted(scored, key=lambda s: (-s.fitness, round(s.deviation, 9), s.order))[:count]

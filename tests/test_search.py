@@ -55,7 +55,7 @@ def test_no_scale_vector_is_scored_twice():
 
 
 def test_search_improves_on_the_stand_in_task():
-    state, _ = run(True, generations=15, population=4)
+    state, _ = run(True, generations=15, population=6)
     best = [h["best"] for h in state.history]
     assert best == sorted(best) and best[0] < best[-1] == 1.0
 
