@@ -25,6 +25,9 @@ def tokens_to_final(history: list[dict]) -> int:
     return next(h["forward_tokens"] for h in history if h["best"] == final)
 
 
+# Both runs first scan the uniform scales (the GA's seed); that cost counts too.
+
+
 def run(model: str, options: SearchOptions, folder: Path, name: str) -> dict:
     started = time.perf_counter()
     spec = search(model, folder / f"{name}.json", options, force=True, progress=False)
@@ -33,8 +36,8 @@ def run(model: str, options: SearchOptions, folder: Path, name: str) -> dict:
     return {
         "name": name,
         "seconds": seconds,
-        "tokens": found["forward_tokens"],
-        "tokens_to_final": tokens_to_final(found["history"]),
+        "tokens": found["uniform_scan_tokens"] + found["forward_tokens"],
+        "tokens_to_final": found["uniform_scan_tokens"] + tokens_to_final(found["history"]),
         "fitness": found["fitness"],
         "held_out": spec.provenance["held_out"],
         "scales": [round(s, 3) for s in spec.scales],

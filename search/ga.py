@@ -4,10 +4,10 @@ Each generation keeps the best `parents` genomes (elitism), breeds `population -
 children by crossover and mutation, and scores only genomes whose rounded scale vector
 was never seen. Fitness is Eq. 7: the share of calibration examples answered correctly.
 
-Racing, exactly: a child is scored chunk by chunk. The parents of the next generation
-are the best `parents` of (current parents + children), so a child whose best possible
-fitness (correct so far + every remaining example) is below the worst current parent's
-can never be selected. Its scoring stops there. Selection is therefore identical to
+Racing, exactly: a genome is scored chunk by chunk. The parents of the next generation
+are the best `parents` of (current parents + children), so a genome whose best possible
+fitness (correct so far + every remaining example) is below the `parents`-th best fitness
+among what was already scored can never be selected. Its scoring stops there. Selection is therefore identical to
 scoring every child on every example, and so is the whole run: racing changes the cost,
 never the result. Examples that the population fails most often are scored first, so
 hopeless children are found early. Ties in fitness go to the curve that changes the
@@ -106,9 +106,7 @@ class GeneticSearch:
         if not state.parents:
             self._first_generation(state, rng)
         while state.generation < self.settings.generations:
-            children = self._breed(state, rng)
-            threshold = state.parents[-1].fitness if self.settings.racing else None
-            scored = [s for s in (self._score(g, state, threshold) for g in children) if s is not None]
+            scored = self._score_all(self._breed(state, rng), state, state.parents)
             state.parents = _best(state.parents + scored, self.settings.parents)
             state.generation += 1
             self._end_generation(state, rng, scored)
@@ -124,9 +122,29 @@ class GeneticSearch:
                 genomes.append(seed)
         while len(genomes) < self.settings.population:
             genomes.append(self._novel(lambda: self.space.random(rng), state, genomes))
-        scored = [s for s in (self._score(g, state, None) for g in genomes if g is not None) if s is not None]
+        scored = self._score_all([g for g in genomes if g is not None], state, [])
         state.parents = _best(scored, self.settings.parents)
         self._end_generation(state, rng, scored)
+
+    def _score_all(self, genomes: list[Genome], state: SearchState, parents: list[Scored]) -> list[Scored]:
+        """Score `genomes` in order; with racing, each against the bar set by everything scored before it."""
+        scored: list[Scored] = []
+        for genome in genomes:
+            threshold = self._selection_bar(parents + scored) if self.settings.racing else None
+            result = self._score(genome, state, threshold)
+            if result is not None:
+                scored.append(result)
+        return scored
+
+    def _selection_bar(self, pool: list[Scored]) -> float | None:
+        """The fitness a genome must reach to be selected: the `parents`-th best so far (None: not yet known).
+
+        The next parents are the best of a pool that only grows, so the bar only rises:
+        a genome that cannot reach it now is never selected.
+        """
+        if len(pool) < self.settings.parents:
+            return None
+        return sorted((s.fitness for s in pool), reverse=True)[self.settings.parents - 1]
 
     def _breed(self, state: SearchState, rng: random.Random) -> list[Genome]:
         children: list[Genome] = []
