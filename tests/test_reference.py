@@ -91,6 +91,8 @@ ROPE_VARIANTS = [
     {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128},
     {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
      "original_max_position_embeddings": 128},
+    {"rope_type": "longrope", "factor": 4.0, "short_factor": [1.0] * 8, "long_factor": [2.0 + k / 10 for k in range(8)],
+     "original_max_position_embeddings": 128},
 ]
 
 
