@@ -33,7 +33,7 @@ test: install lint
 	$(BIN)/python -m pytest -q
 
 demo: install
-	$(BIN)/lpes-search lpes-tiny-kv --out $(DEMO)/best.json --population 12 --generations 6 --force
+	$(BIN)/lpes-search lpes-tiny-kv --out $(DEMO)/best.json --data tiny-kv:examples=8 --population 12 --generations 8 --force
 	$(BIN)/lpes-convert lpes-tiny-kv --curve $(DEMO)/best.json --to hf,onnx --out $(DEMO)/lpes-tiny-kv-lpes --force
 	@echo; cat $(DEMO)/lpes-tiny-kv-lpes/validation.md
 	@echo; echo "demo folder: $(DEMO)/lpes-tiny-kv-lpes (model card README.md, plots, onnx/)"
