@@ -23,7 +23,6 @@ import gzip
 import json
 import os
 import random
-import tempfile
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from lpes.errors import LpesError
+from lpes.spec import write_bytes_atomic
 from lpes.validation.examples import Example
 
 PROMPT_TEMPLATE = (
@@ -187,7 +187,7 @@ def write_jsonl(records: Iterable[KvRecord], path: str | os.PathLike) -> None:
     data = text.encode("utf-8")
     if path.suffix == ".gz":
         data = gzip.compress(data, mtime=0)  # mtime=0: the same records give the same bytes
-    _write_bytes_atomic(path, data)
+    write_bytes_atomic(path, data)
 
 
 def _parse_record(line: str, where: str) -> KvRecord:
@@ -215,15 +215,3 @@ def _parse_record(line: str, where: str) -> KvRecord:
     if len({k for k, _ in ordered}) != len(ordered):
         raise LpesError(f"{where}: 'ordered_kv_records' has duplicate keys")
     return KvRecord(ordered, key, value)
-
-
-def _write_bytes_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
