@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from importlib.resources import files
 from pathlib import Path
 
 import torch
@@ -10,9 +11,7 @@ import torch
 from lpes.converter.architectures import architecture_for
 from lpes.errors import LpesError
 
-BUNDLED_MODELS_DIR = Path(__file__).resolve().parent.parent / "lpes" / "models"
-if not BUNDLED_MODELS_DIR.is_dir():  # installed wheel: lpes/models sits next to lpes/converter
-    BUNDLED_MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
+BUNDLED_MODELS_DIR = Path(str(files("lpes") / "models"))  # package data of lpes, editable or wheel
 DEFAULT_MODEL = "lpes-tiny-kv"
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["LayerScaledRotary", "apply_layer_scales", "rope_cos_sin"]
+__all__ = ["LayerScaledRotary", "apply_layer_scales", "resolve_attribute", "rope_cos_sin"]
 
 
 def rope_cos_sin(
@@ -76,7 +76,8 @@ def _layer_hook(rotary: LayerScaledRotary, layer_type: str | None, scale: float)
     return swap_position_embeddings
 
 
-def _resolve(root: nn.Module, dotted: str) -> nn.Module:
+def resolve_attribute(root: nn.Module, dotted: str) -> nn.Module:
+    """`root.a.b` for "a.b" (raises AttributeError where a name is missing)."""
     for name in dotted.split("."):
         root = getattr(root, name)
     return root
@@ -96,11 +97,11 @@ def apply_layer_scales(
     (Gemma 3's `config.layer_types`); None for a single rotary. Applying twice
     replaces the earlier scales.
     """
-    layers = _resolve(model, layers_path)
+    layers = resolve_attribute(model, layers_path)
     if len(scales) != len(layers):
         raise ValueError(f"{len(scales)} scales for {len(layers)} decoder layers")
     owner_path, _, attr = rotary_path.rpartition(".")
-    owner = _resolve(model, owner_path) if owner_path else model
+    owner = resolve_attribute(model, owner_path) if owner_path else model
     base = getattr(owner, attr)
     if isinstance(base, LayerScaledRotary):
         base = base.base

@@ -18,7 +18,7 @@ def apply(model: nn.Module, spec: Spec) -> nn.Module:
     spec = spec.for_layers(config.num_hidden_layers)
     kwargs = arch.patch_kwargs(config)
     try:
-        rotary = lpes_rope._resolve(model, kwargs["rotary_path"])
+        rotary = lpes_rope.resolve_attribute(model, kwargs["rotary_path"])
     except AttributeError:
         raise LpesError(
             f"{type(model).__name__} has no model-level rotary module at {kwargs['rotary_path']}; "
@@ -40,7 +40,7 @@ def check_layout(config) -> None:
         model = AutoModelForCausalLM.from_config(config)
     for what in ("layers_path", "rotary_path"):
         try:
-            lpes_rope._resolve(model, kwargs[what])
+            lpes_rope.resolve_attribute(model, kwargs[what])
         except AttributeError:
             raise LpesError(
                 f"{type(model).__name__} has no {kwargs[what]} (its {what.split('_')[0]}); "

@@ -207,7 +207,7 @@ def _rotary_module(meta_model: torch.nn.Module, config) -> torch.nn.Module:
     arch = architecture_for(config)
     if arch.per_layer_type_rope or arch.interleaved_rope:
         raise LpesError(f"--to genai does not support {config.model_type}'s RoPE layout")
-    rotary_class = type(lpes_rope._resolve(meta_model, arch.rotary_path))
+    rotary_class = type(lpes_rope.resolve_attribute(meta_model, arch.rotary_path))
     return rotary_class(config).eval()
 
 

@@ -172,10 +172,10 @@ def _name_scaled_inv_freq(graph_model, model, spec: Spec) -> dict[str, str | Non
     import numpy as np
 
     from lpes.converter.architectures import architecture_for
-    from lpes.converter.lpes_rope import LayerScaledRotary, _resolve
+    from lpes.converter.lpes_rope import LayerScaledRotary, resolve_attribute
 
     kwargs = architecture_for(model.config).patch_kwargs(model.config)
-    rotary = _resolve(model, kwargs["rotary_path"])
+    rotary = resolve_attribute(model, kwargs["rotary_path"])
     rotary = rotary.base if isinstance(rotary, LayerScaledRotary) else rotary
     layer_types = kwargs["layer_types"] or [None] * len(spec.scales)
     # Only small 1-D initializers can be frequencies: never touch the weights.
