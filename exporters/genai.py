@@ -112,6 +112,9 @@ def check_genai(model_path: Path, spec: Spec, precision: str = "fp32", execution
             "onnxruntime-genai's builder does not reproduce it"
         )
     _check_builder_pitfalls(config, entry)
+    if config.eos_token_id is None and not _tokenizer_has_eos(model_path):
+        raise LpesError("--to genai needs an end-of-sequence token (config eos_token_id or the tokenizer's); "
+                        "onnxruntime-genai's generator stops on it")
     spec = spec.for_layers(config.num_hidden_layers)
     meta_model = _meta_model(config)
     _check_lm_head_lookalikes(meta_model, config.vocab_size)
@@ -119,6 +122,15 @@ def check_genai(model_path: Path, spec: Spec, precision: str = "fp32", execution
     if execution_provider == "cpu":
         _check_cpu_kernel_limits(config, rotary)
     return GenaiPlan(Path(model_path), spec, precision, execution_provider, rope_type, rotary)
+
+
+def _tokenizer_has_eos(model_path: Path) -> bool:
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(model_path).eos_token_id is not None
+    except (OSError, ValueError):
+        return False
 
 
 def export_genai(

@@ -62,10 +62,14 @@ def _convert(argv: list[str] | None) -> int:
     parser.add_argument("--no-validate", dest="validate", action="store_false",
                         help="skip parity and key-value validation (not recommended)")
     parser.add_argument("--push-to-hub", metavar="REPO_ID", help="upload the Hub folder to this repo when done")
+    parser.add_argument("--genai-precision", default="fp32", choices=["fp32", "fp16", "bf16", "int8", "int4"],
+                        help="onnxruntime-genai builder precision (default fp32; fp16/bf16 need --genai-provider cuda)")
+    parser.add_argument("--genai-provider", default="cpu", choices=["cpu", "cuda", "dml", "webgpu"],
+                        help="execution provider the genai package is built for (default cpu)")
     add_profile_arguments(parser)
     args = parser.parse_args(argv)
     the_plan = plan(args.model, args.spec, args.out, args.to, args.dtype, args.force, args.validate, args.push_to_hub,
-                    profile_overrides(args))
+                    profile_overrides(args), (args.genai_precision, args.genai_provider))
     result = execute(the_plan)
     for report in result.reports:
         print(report)

@@ -40,6 +40,7 @@ class ConvertPlan:
     validate: bool = True
     push_to_hub: str | None = None
     tensorrt_profile: object | None = None  # exporters.tensorrt_profiles.Profile
+    genai_target: tuple[str, str] = ("fp32", "cpu")  # onnxruntime-genai builder: precision, execution provider
 
 
 @dataclass
@@ -70,6 +71,7 @@ def plan(
     validate: bool = True,
     push_to_hub: str | None = None,
     tensorrt_profile: dict | None = None,
+    genai_target: tuple[str, str] = ("fp32", "cpu"),
 ) -> ConvertPlan:
     """Check every input; raise LpesError with one line for the first problem found."""
     from lpes.converter.loading import DTYPES
@@ -98,14 +100,15 @@ def plan(
     if "genai" in target_list:
         from lpes.exporters.genai import check_genai
 
-        check_genai(model_path, spec)
+        check_genai(model_path, spec, *genai_target)
     profile = None
     if "tensorrt" in target_list:
         from lpes.exporters.tensorrt_profiles import default_profile
 
         profile = default_profile(config.max_position_embeddings, **(tensorrt_profile or {}))
     spec = _with_provenance(spec, config, model)
-    return ConvertPlan(model, model_path, spec, out, target_list, dtype, force, validate, push_to_hub, profile)
+    return ConvertPlan(model, model_path, spec, out, target_list, dtype, force, validate, push_to_hub, profile,
+                       genai_target)
 
 
 def _with_provenance(spec: Spec, config, model_name: str) -> Spec:
@@ -204,7 +207,7 @@ def _write_genai(plan: ConvertPlan, staging: Path, result: ConvertResult) -> Non
     genai_dir = staging / TARGET_DIRS["genai"]
     genai_dir.mkdir()
     _progress("building the onnxruntime-genai package with per-layer RoPE caches")
-    export_genai(plan.model_path, plan.spec, genai_dir)
+    export_genai(plan.model_path, plan.spec, genai_dir, *plan.genai_target)
 
 
 def _validate(plan: ConvertPlan, staging: Path, result: ConvertResult) -> None:

@@ -220,3 +220,10 @@ def test_spec_with_wrong_layer_count_is_refused(tmp_path):
     model_dir = genai_model_dir("llama", tmp_path)
     with pytest.raises(LpesError, match="2 entries but the model has 3 layers"):
         check_genai(model_dir, Spec.from_scales([2.0, 1.0]))
+
+
+def test_model_without_an_end_token_is_refused_before_building():
+    from lpes.converter.loading import resolve_model
+
+    with pytest.raises(LpesError, match="end-of-sequence token"):
+        check_genai(resolve_model("lpes-tiny-kv"), Spec.from_scales([1.0] * 4))
