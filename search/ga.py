@@ -42,7 +42,7 @@ class GASettings:
     crossover_rate: float = 0.15
     seed: int = 0
     racing: bool = True
-    chunk: int = 16
+    chunk: int = 8  # examples scored between two racing checks
 
 
 @dataclass

@@ -11,7 +11,7 @@ import hashlib
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from itertools import zip_longest
 from pathlib import Path
 
@@ -50,6 +50,8 @@ def check_options(options: SearchOptions) -> tuple[ScaleGrid, GASettings]:
         raise LpesError(f"--method must be one of {', '.join(METHODS)}")
     if options.holdout < 0:
         raise LpesError("--holdout must be >= 0")
+    if options.batch_size < 1:
+        raise LpesError("--batch-size must be at least 1")
     grid = ScaleGrid.parse(options.scale_grid)
     if not grid.values:
         raise LpesError(f"--scale-grid {options.scale_grid!r} has no values")
@@ -79,13 +81,15 @@ def search(model: str, out: str | Path, options: SearchOptions = SearchOptions()
                                               split="validation"), options.holdout)
     space = SearchSpace(grid, config.num_hidden_layers, options.degree)
     replicas = load_replicas(model_path, devices(options.device))
+    # Race one full batch per replica at a time: finer chunks would waste batch slots, coarser ones tokens.
+    settings = replace(settings, chunk=options.batch_size * len(replicas))
     tokenizer = _tokenizer(model_path)
     evaluator = ModelEvaluator(replicas, tokenizer, examples, options.method, options.batch_size)
     checkpoint = out.with_name(out.name + ".state.json")
     started = time.time()
     state, uniform = _resume(checkpoint, options, model_path, force)
     if uniform is None:
-        uniform = _best_uniform(evaluator, grid, config.num_hidden_layers, options.racing)
+        uniform = _best_uniform(evaluator, grid, config.num_hidden_layers, options.racing, settings.chunk)
     uniform_scale, uniform_fitness, uniform_tokens = uniform
     reporter = _Reporter(settings.generations, progress)
     key = _settings_key(options, model_path)
@@ -121,7 +125,7 @@ def search(model: str, out: str | Path, options: SearchOptions = SearchOptions()
     return spec
 
 
-def _best_uniform(evaluator: ModelEvaluator, grid: ScaleGrid, num_layers: int, racing: bool, chunk: int = 16):
+def _best_uniform(evaluator: ModelEvaluator, grid: ScaleGrid, num_layers: int, racing: bool, chunk: int):
     """(scale, fitness, tokens): the grid scale that, applied to every layer, scores best on calibration.
 
     This is the baseline a per-layer curve must beat. Raced like the search: a scale stops
