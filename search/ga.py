@@ -4,14 +4,18 @@ Each generation keeps the best `parents` genomes (elitism), breeds `population -
 children by crossover and mutation, and scores only genomes whose rounded scale vector
 was never seen. Fitness is Eq. 7: the share of calibration examples answered correctly.
 
+Selection ranks by fitness, then by the smallest change to the model (sum of |log s_h|,
+known before scoring), then by scoring order.
+
 Racing, exactly: a genome is scored chunk by chunk. The parents of the next generation
 are the best `parents` of (current parents + children), so a genome whose best possible
-fitness (correct so far + every remaining example) is below the `parents`-th best fitness
-among what was already scored can never be selected. Its scoring stops there. Selection is therefore identical to
-scoring every child on every example, and so is the whole run: racing changes the cost,
-never the result. Examples that the population fails most often are scored first, so
-hopeless children are found early. Ties in fitness go to the curve that changes the
-model least (smallest sum of |log s_h|), then to the one scored first.
+rank (its correct answers so far + every remaining example, its deviation, scored last)
+is below the `parents`-th best of what was already scored can never be selected. Its
+scoring stops there, before the first example when even a perfect score would not do
+(once the parents are perfect, only a gentler curve can enter). Selection is therefore
+identical to scoring every genome on every example, and so is the whole run: racing
+changes the cost, never the result. Examples that the population fails most often are
+scored first, so hopeless genomes are found early.
 """
 
 from __future__ import annotations
@@ -130,21 +134,21 @@ class GeneticSearch:
         """Score `genomes` in order; with racing, each against the bar set by everything scored before it."""
         scored: list[Scored] = []
         for genome in genomes:
-            threshold = self._selection_bar(parents + scored) if self.settings.racing else None
-            result = self._score(genome, state, threshold)
+            bar = self._selection_bar(parents + scored) if self.settings.racing else None
+            result = self._score(genome, state, bar)
             if result is not None:
                 scored.append(result)
         return scored
 
-    def _selection_bar(self, pool: list[Scored]) -> float | None:
-        """The fitness a genome must reach to be selected: the `parents`-th best so far (None: not yet known).
+    def _selection_bar(self, pool: list[Scored]) -> Scored | None:
+        """The `parents`-th best genome so far by the selection order (None: not yet known).
 
         The next parents are the best of a pool that only grows, so the bar only rises:
-        a genome that cannot reach it now is never selected.
+        a genome that cannot beat it now is never selected.
         """
         if len(pool) < self.settings.parents:
             return None
-        return sorted((s.fitness for s in pool), reverse=True)[self.settings.parents - 1]
+        return _best(pool, self.settings.parents)[-1]
 
     def _breed(self, state: SearchState, rng: random.Random) -> list[Genome]:
         children: list[Genome] = []
@@ -174,27 +178,29 @@ class GeneticSearch:
     def _key(self, genome: Genome) -> str:
         return json.dumps(self.space.scales_key(genome))
 
-    def _score(self, genome: Genome, state: SearchState, threshold: float | None) -> Scored | None:
-        """Fitness on the calibration set, or None when raced out below `threshold`."""
+    def _score(self, genome: Genome, state: SearchState, bar: Scored | None) -> Scored | None:
+        """Fitness on the calibration set, or None once it cannot beat `bar` (see the module docstring)."""
         scales = self.space.scales_key(genome)
+        deviation = sum(abs(math.log(s)) for s in scales)
         total = self.evaluator.num_examples
         order = sorted(range(total), key=lambda i: (-state.failures[i], i))
-        correct, chunk = 0, self.settings.chunk if threshold is not None else total
-        for start in range(0, total, chunk):
-            ids = order[start:start + chunk]
+        correct, remaining, chunk = 0, total, self.settings.chunk if bar is not None else total
+        # Scored later than everything in the pool, it loses every full tie; so even a perfect
+        # score on the remaining examples must beat the bar on (fitness, deviation).
+        while bar is None or _can_beat(correct + remaining, deviation, bar, total):
+            if remaining == 0:
+                state.evaluations += 1
+                state.seen[self._key(genome)] = correct / total
+                return Scored(genome, correct / total, len(state.seen), deviation)
+            ids = order[total - remaining:total - remaining + chunk]
             verdicts = self.evaluator.correct(scales, ids)
             correct += sum(verdicts)
+            remaining -= len(ids)
             for i, ok in zip(ids, verdicts):
                 state.failures[i] += not ok
-            remaining = total - start - len(ids)
-            if threshold is not None and (correct + remaining) / total < threshold:
-                state.seen[self._key(genome)] = None
-                state.raced_out += 1
-                return None
-        state.evaluations += 1
-        fitness = correct / total
-        state.seen[self._key(genome)] = fitness
-        return Scored(genome, fitness, len(state.seen), sum(abs(math.log(s)) for s in scales))
+        state.seen[self._key(genome)] = None
+        state.raced_out += 1
+        return None
 
     def _end_generation(self, state: SearchState, rng: random.Random, scored: list[Scored]) -> None:
         state.forward_tokens = self._tokens_before + self.evaluator.forward_tokens
@@ -211,6 +217,12 @@ class GeneticSearch:
         state.rng_state = _rng_to_json(rng)
         if self.on_generation is not None:
             self.on_generation(state)
+
+
+def _can_beat(best_correct: int, deviation: float, bar: Scored, total: int) -> bool:
+    """Whether a genome with at most `best_correct` right answers could rank above `bar`."""
+    bar_correct = round(bar.fitness * total)
+    return best_correct > bar_correct or (best_correct == bar_correct and round(deviation, 9) < round(bar.deviation, 9))
 
 
 def _best(scored: list[Scored], count: int) -> list[Scored]:
