@@ -83,6 +83,7 @@ def plan(
     config = load_config(model_path)
     spec = load_spec(spec) if not isinstance(spec, Spec) else spec
     spec = spec.for_layers(config.num_hidden_layers)
+    _warn_if_made_for_another_model(spec, config)
     check_layout(config)
     out = Path(out)
     if out.exists() and not force:
@@ -109,6 +110,17 @@ def plan(
     spec = _with_provenance(spec, config, model)
     return ConvertPlan(model, model_path, spec, out, target_list, dtype, force, validate, push_to_hub, profile,
                        genai_target)
+
+
+def _warn_if_made_for_another_model(spec: Spec, config) -> None:
+    """A curve searched on one model may be applied to another on purpose; say so, do not refuse."""
+    made_for = spec.provenance.get("model")
+    if not isinstance(made_for, dict):
+        return
+    here = model_fingerprint(config)
+    differs = [k for k in ("architecture", "rope_parameters") if k in made_for and made_for[k] != here[k]]
+    if differs:
+        _progress(f"warning: the spec was searched on another model (different {', '.join(differs)})")
 
 
 def _with_provenance(spec: Spec, config, model_name: str) -> Spec:

@@ -162,3 +162,11 @@ def test_push_to_hub_uploads_the_folder(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     assert push_folder(tmp_path, "me/model-lpes", api=FakeApi()) == "https://hub/commit/1"
     assert calls == [("create", "me/model-lpes", True), ("upload", "me/model-lpes", ["config.json"])]
+
+
+def test_spec_from_another_model_warns(tmp_path, capsys):
+    base = save_tiny(tmp_path / "base")
+    spec = Spec.from_scales([1.0, 2.0, 1.0], {"model": {"architecture": "MistralForCausalLM"}})
+    dump_spec(spec, tmp_path / "other.json")
+    assert convert(base, "--curve", tmp_path / "other.json", "--to", "hf", "--out", tmp_path / "out") == 0
+    assert "searched on another model (different architecture)" in capsys.readouterr().err
