@@ -17,14 +17,16 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 # torch first, so that nothing later pulls a multi-GB CUDA build onto a machine without a GPU:
-# with an NVIDIA GPU, the normal (CUDA) wheel; without one, a CPU wheel from the local wheel
-# cache if pip has one, else from PyTorch's CPU index.
+# with an NVIDIA GPU, the normal (CUDA) wheel; without one, a CPU wheel that pip's local wheel
+# folders hold (torch alone, offline; its dependencies then come from the usual index), else
+# the CPU build from PyTorch's own index.
 .PHONY: torch
 torch:
 	@if $(BIN)/python -c "import torch" 2>/dev/null; then echo "torch already installed"; \
 	elif command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install --quiet "$(TORCH)"; \
-	else $(BIN)/pip install --quiet --no-index "$(TORCH)" 2>/dev/null \
-	  || $(BIN)/pip install --quiet "$(TORCH)" --index-url https://download.pytorch.org/whl/cpu; fi
+	elif $(BIN)/pip install --quiet --no-index --no-deps "$(TORCH)" 2>/dev/null; then \
+	  $(BIN)/pip install --quiet "$(TORCH)"; \
+	else $(BIN)/pip install --quiet "$(TORCH)" --index-url https://download.pytorch.org/whl/cpu; fi
 
 lint: install
 	$(BIN)/ruff check .
