@@ -83,8 +83,7 @@ def _convert(argv: list[str] | None) -> int:
 
 def _validate(argv: list[str] | None) -> int:
     from lpes.converter.loading import DEFAULT_MODEL, resolve_model
-    from lpes.spec import load_spec
-    from lpes.validation.report import validate
+    from lpes.validation.report import find_spec, validate
 
     parser = argparse.ArgumentParser(
         prog="lpes-validate",
@@ -98,19 +97,11 @@ def _validate(argv: list[str] | None) -> int:
     parser.add_argument("--no-chat-template", dest="chat_template", action="store_false",
                         help="do not wrap prompts in the tokenizer's chat template")
     args = parser.parse_args(argv)
-    spec_path = _find_spec(args.dir)
-    spec = load_spec(spec_path)
+    spec = find_spec(args.dir)
     model = args.model or spec.provenance.get("base_model") or DEFAULT_MODEL
     report = validate(resolve_model(model), args.dir, spec, data=args.data, chat_template=args.chat_template)
     print(report.format())
     return 0 if report.passed else 1
-
-
-def _find_spec(folder: Path) -> Path:
-    for candidate in (folder / "lpes_spec.json", folder / "onnx" / "lpes_spec.json"):
-        if candidate.is_file():
-            return candidate
-    raise LpesError(f"no lpes_spec.json in {folder}; is it an lpes-convert output folder?")
 
 
 def _generate(argv: list[str] | None) -> int:

@@ -366,7 +366,7 @@ def find_spec(out_dir: Path) -> Spec:
     for candidate in (out_dir / "lpes_spec.json", out_dir / "onnx" / "lpes_spec.json"):
         if candidate.is_file():
             return load_spec(candidate)
-    raise LpesError(f"no spec given and no lpes_spec.json in {out_dir}")
+    raise LpesError(f"no lpes_spec.json in {out_dir} (nor in its onnx/); is it an lpes-convert output folder?")
 
 
 def _device(device: str | None):
