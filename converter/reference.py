@@ -24,7 +24,8 @@ def apply(model: nn.Module, spec: Spec) -> nn.Module:
             f"{type(model).__name__} has no model-level rotary module at {kwargs['rotary_path']}; "
             "add its layout to lpes/converter/architectures.py"
         ) from None
-    _check_rope_layout(rotary, kwargs["layer_types"], kwargs["interleaved"], config.model_type)
+    if not isinstance(rotary, lpes_rope.LayerScaledRotary):  # checked when first wrapped; search swaps often
+        _check_rope_layout(rotary, kwargs["layer_types"], kwargs["interleaved"], config.model_type)
     return lpes_rope.apply_layer_scales(model, list(spec.scales), **kwargs)
 
 
@@ -50,8 +51,6 @@ def check_layout(config) -> None:
 
 def _check_rope_layout(rotary: nn.Module, layer_types, interleaved: bool, model_type: str) -> None:
     """Fail loudly if lpes would compute cos/sin differently from the model itself."""
-    if isinstance(rotary, lpes_rope.LayerScaledRotary):
-        rotary = rotary.base
     positions = torch.arange(8)[None]
     probe = torch.zeros(1, dtype=torch.float32)
     for layer_type in sorted(set(layer_types or [None]), key=str):
