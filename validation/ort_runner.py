@@ -153,29 +153,42 @@ class OrtCausalLM:
         """`greedy`, plus the logits [batch, vocab] each step chose from."""
         if not input_ids or any(len(row) == 0 for row in input_ids):
             raise LpesError("greedy: every prompt needs at least one token")
-        ids, mask = left_pad(input_ids)
-        positions = positions_from_mask(mask)
-        past = self.empty_past(len(input_ids))
-        new_tokens: list[list[int]] = [[] for _ in input_ids]
-        done = np.zeros(len(input_ids), dtype=bool)
-        step_logits = []
-        stop = set() if eos_token_id is None else {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id)
-        for _ in range(max_new_tokens):
+
+        def last_logits(ids, mask, positions, past):
             logits, present = self.step(ids, mask, positions, past)
-            logits = logits[:, -1, :]
-            step_logits.append(logits)
-            chosen = logits.argmax(axis=-1)
-            for row, token in enumerate(chosen):
-                if not done[row]:
-                    new_tokens[row].append(int(token))
-                    done[row] = int(token) in stop
-            if done.all():
-                break
-            past = present
-            ids = chosen[:, None].astype(np.int64)
-            positions = positions[:, -1:] + 1
-            mask = np.concatenate([mask, np.ones((len(input_ids), 1), dtype=np.int64)], axis=1)
-        return new_tokens, step_logits
+            return logits[:, -1, :], present
+
+        return greedy_decode(last_logits, input_ids, self.empty_past(len(input_ids)), max_new_tokens, eos_token_id)
+
+
+def greedy_decode(step, rows: list[list[int]], past, max_new_tokens: int, eos_token_id: int | list[int] | None):
+    """Greedy decoding through a KV cache, shared by the onnxruntime and TensorRT runners.
+
+    `step(ids, mask, positions, past) -> (last-position logits [batch, vocab] as numpy, present)`.
+    Rows are left-padded; a row stops at its first end token. Returns the new tokens per
+    row and the logits each step chose from.
+    """
+    ids, mask = left_pad(rows)
+    positions = positions_from_mask(mask)
+    new_tokens: list[list[int]] = [[] for _ in rows]
+    done = np.zeros(len(rows), dtype=bool)
+    step_logits = []
+    stop = set() if eos_token_id is None else {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id)
+    for _ in range(max_new_tokens):
+        logits, present = step(ids, mask, positions, past)
+        step_logits.append(logits)
+        chosen = logits.argmax(axis=-1)
+        for row, token in enumerate(chosen):
+            if not done[row]:
+                new_tokens[row].append(int(token))
+                done[row] = int(token) in stop
+        if done.all():
+            break
+        past = present
+        ids = chosen[:, None].astype(np.int64)
+        positions = positions[:, -1:] + 1
+        mask = np.concatenate([mask, np.ones((len(rows), 1), dtype=np.int64)], axis=1)
+    return new_tokens, step_logits
 
 
 def left_pad(rows: list[list[int]], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -18,7 +18,7 @@ import numpy as np
 from lpes.errors import LpesError
 from lpes.exporters import onnx_io
 from lpes.exporters.tensorrt import ENGINE_FILE, read_sidecar
-from lpes.validation.ort_runner import left_pad, positions_from_mask
+from lpes.validation.ort_runner import greedy_decode
 
 # TensorRT needs a non-null, 256-byte aligned address even for an empty tensor (past length 0).
 _EMPTY_BYTES = 256
@@ -191,29 +191,11 @@ class TrtCausalLM:
         return tokens, [np.concatenate([_step(c, i) for c in logits]) for i in range(steps)]
 
     def _greedy_batch(self, rows, max_new_tokens, eos_token_id):
-        ids, mask = left_pad(rows)
-        positions = positions_from_mask(mask)
-        past = self.empty_past(len(rows))
-        new_tokens: list[list[int]] = [[] for _ in rows]
-        done = np.zeros(len(rows), dtype=bool)
-        step_logits = []
-        stop = set() if eos_token_id is None else {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id)
-        for _ in range(max_new_tokens):
+        def last_logits(ids, mask, positions, past):
             outputs = self._run(self._device_ids(ids, mask, positions), past)
-            logits = outputs[0][:, -1, :].float()
-            chosen = logits.argmax(dim=-1).cpu().numpy()
-            step_logits.append(logits.cpu().numpy())
-            for row, token in enumerate(chosen):
-                if not done[row]:
-                    new_tokens[row].append(int(token))
-                    done[row] = int(token) in stop
-            if done.all():
-                break
-            past = outputs[1:]
-            ids = chosen[:, None].astype(np.int64)
-            positions = positions[:, -1:] + 1
-            mask = np.concatenate([mask, np.ones((len(rows), 1), dtype=np.int64)], axis=1)
-        return new_tokens, step_logits
+            return outputs[0][:, -1, :].float().cpu().numpy(), outputs[1:]
+
+        return greedy_decode(last_logits, rows, self.empty_past(len(rows)), max_new_tokens, eos_token_id)
 
 
 def _step(chunk_logits: list[np.ndarray], i: int) -> np.ndarray:
