@@ -25,7 +25,7 @@ def tokens_to_final(history: list[dict]) -> int:
     return next(h["forward_tokens"] for h in history if h["best"] == final)
 
 
-# Both runs first scan the uniform scales (the GA's seed); that cost counts too.
+# Both runs first scan the uniform scales (the GA's seed); the tokens include that scan.
 
 
 def run(model: str, options: SearchOptions, folder: Path, name: str) -> dict:
@@ -36,8 +36,8 @@ def run(model: str, options: SearchOptions, folder: Path, name: str) -> dict:
     return {
         "name": name,
         "seconds": seconds,
-        "tokens": found["uniform_scan_tokens"] + found["forward_tokens"],
-        "tokens_to_final": found["uniform_scan_tokens"] + tokens_to_final(found["history"]),
+        "tokens": found["forward_tokens"],
+        "tokens_to_final": tokens_to_final(found["history"]),
         "fitness": found["fitness"],
         "held_out": spec.provenance["held_out"],
         "scales": [round(s, 3) for s in spec.scales],

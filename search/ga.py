@@ -1,21 +1,25 @@
 """The genetic search over Bezier curves, with exact racing and checkpoints.
 
-Each generation keeps the best `parents` genomes (elitism), breeds `population - parents`
-children by crossover and mutation, and scores only genomes whose rounded scale vector
-was never seen. Fitness is Eq. 7: the share of calibration examples answered correctly.
+Generation -1 scans the uniform curves (one grid scale for every layer): the best one is
+the baseline a per-layer curve must beat, and it seeds generation 0 with the unscaled
+genome and random ones. Each generation keeps the best `parents` genomes (elitism),
+breeds `population - parents` children by crossover and mutation, and scores only
+genomes whose rounded scale vector was never seen. Fitness is Eq. 7: the share of
+calibration examples answered correctly.
 
 Selection ranks by fitness, then by the smallest change to the model (sum of |log s_h|,
-known before scoring), then by scoring order.
+known before scoring), then by queue order (the order genomes were first bred, the same
+with or without racing).
 
-Racing, exactly: a genome is scored chunk by chunk. The parents of the next generation
-are the best `parents` of (current parents + children), so a genome whose best possible
-rank (its correct answers so far + every remaining example, its deviation, scored last)
-is below the `parents`-th best of what was already scored can never be selected. Its
-scoring stops there, before the first example when even a perfect score would not do
-(once the parents are perfect, only a gentler curve can enter). Selection is therefore
-identical to scoring every genome on every example, and so is the whole run: racing
-changes the cost, never the result. Examples that the population fails most often are
-scored first, so hopeless genomes are found early.
+Racing, exactly: selection only needs to know which genomes rank among the best `parents`
+of (current parents + children), and their fitness. Genomes are scored a chunk of examples
+at a time, always the one whose best possible rank (its right answers so far plus every
+remaining example) is highest, and a genome is dropped as soon as that best possible rank
+is below the `parents`-th best genome already scored in full. The pool only grows, so the
+bar only rises: a dropped genome could never have been selected, and selection is
+identical to scoring every genome on every example. Racing changes the cost, never the
+result. Each genome meets the examples the population fails most often first, so hopeless
+genomes are found early.
 """
 
 from __future__ import annotations
@@ -46,14 +50,15 @@ class GASettings:
     crossover_rate: float = 0.15
     seed: int = 0
     racing: bool = True
-    chunk: int = 8  # examples scored between two racing checks
+    chunk: int = 8  # most examples scored between two racing checks (one full batch per replica)
+    first_chunk: int = 1  # a genome's first chunks are small and double up to `chunk`: most hopeless ones fail at once
 
 
 @dataclass
 class Scored:
     genome: Genome
     fitness: float
-    order: int  # evaluation order: breaks ties the same way in every run
+    order: int  # queue order: breaks full ties the same way in every run
     deviation: float = 0.0  # sum of |log s_h|: how far the curve moves the model from its own RoPE
 
 
@@ -62,9 +67,11 @@ class SearchState:
     generation: int = 0
     rng_state: list | None = None
     parents: list[Scored] = field(default_factory=list)
-    seen: dict[str, float | None] = field(default_factory=dict)  # scale key -> fitness (None: raced out)
+    # scale key -> [fitness, queue order], or [None, queue order, right answers, example ids] once raced out
+    seen: dict[str, list] = field(default_factory=dict)
     failures: list[int] = field(default_factory=list)  # per example: how often scored genomes failed it
     history: list[dict] = field(default_factory=list)
+    uniform: dict | None = None  # the uniform scan's best: scale, fitness, tokens
     evaluations: int = 0
     raced_out: int = 0
     duplicates_skipped: int = 0
@@ -82,6 +89,23 @@ class SearchState:
         return state
 
 
+@dataclass
+class _Runner:
+    """A genome in the race: its right answers on the examples scored so far."""
+
+    genome: Genome
+    key: str
+    scales: tuple[float, ...]
+    deviation: float
+    order: int
+    correct: int = 0
+    done: set[int] = field(default_factory=set)
+
+    def best_rank(self, total: int) -> tuple:
+        """Its selection key if every remaining example comes out right (smaller ranks higher)."""
+        return (-(self.correct + total - len(self.done)), round(self.deviation, 9), self.order)
+
+
 def _rng_to_json(rng: random.Random) -> list:
     version, internal, gauss = rng.getstate()
     return [version, list(internal), gauss]
@@ -95,60 +119,122 @@ def _rng_from_json(data: list) -> random.Random:
 
 class GeneticSearch:
     def __init__(self, space: SearchSpace, evaluator: Evaluator, settings: GASettings,
-                 on_generation: Callable[[SearchState], None] | None = None, seeds: tuple[Genome, ...] = ()):
-        """`on_generation` runs after every generation (checkpointing, progress); `seeds` join the
-        first population after the unscaled genome."""
+                 on_generation: Callable[[SearchState], None] | None = None):
+        """`on_generation` runs after every generation (checkpointing, progress)."""
         self.space, self.evaluator, self.settings = space, evaluator, settings
-        self.on_generation, self.seeds = on_generation, seeds
+        self.on_generation = on_generation
 
     def run(self, state: SearchState | None = None) -> SearchState:
         """Run to the last generation from `state` (a resumed checkpoint) or from scratch."""
-        state = state or self._initial_state()
+        state = state or SearchState(failures=[0] * self.evaluator.num_examples)
         # The evaluator counts tokens from zero in this process; the state carries earlier ones.
         self._tokens_before = state.forward_tokens - self.evaluator.forward_tokens
         rng = _rng_from_json(state.rng_state) if state.rng_state else random.Random(self.settings.seed)
         if not state.parents:
+            self._scan_uniform(state)
             self._first_generation(state, rng)
         while state.generation < self.settings.generations:
-            scored = self._score_all(self._breed(state, rng), state, state.parents)
-            state.parents = _best(state.parents + scored, self.settings.parents)
+            scored = self._race(self._breed(state, rng), state, state.parents, self.settings.parents)
+            state.parents = _best(state.parents + scored, self.settings.parents, self._total)
             state.generation += 1
             self._end_generation(state, rng, scored)
         return state
 
-    def _initial_state(self) -> SearchState:
-        return SearchState(failures=[0] * self.evaluator.num_examples)
+    @property
+    def _total(self) -> int:
+        return self.evaluator.num_examples
+
+    def _scan_uniform(self, state: SearchState) -> None:
+        """Generation -1: the best uniform curve, raced like the rest (ties go to the gentler scale)."""
+        tokens_before = self.evaluator.forward_tokens
+        genomes = [self.space.uniform(scale) for scale in self.space.grid.values]
+        best = _best(self._race(genomes, state, [], 1), 1, self._total)[0]
+        scale = self.space.grid.values[best.genome.y_index[0]]
+        state.uniform = {"scale": scale, "fitness": best.fitness,
+                         "tokens": self.evaluator.forward_tokens - tokens_before}
 
     def _first_generation(self, state: SearchState, rng: random.Random) -> None:
         genomes = [self.space.identity()]
-        for seed in self.seeds:
-            if self._key(seed) not in {self._key(g) for g in genomes} and len(genomes) < self.settings.population:
-                genomes.append(seed)
+        best_uniform = self.space.uniform(state.uniform["scale"])
+        if self._key(best_uniform) != self._key(genomes[0]):
+            genomes.append(best_uniform)
+        genomes = genomes[:self.settings.population]
         while len(genomes) < self.settings.population:
             genomes.append(self._novel(lambda: self.space.random(rng), state, genomes))
-        scored = self._score_all([g for g in genomes if g is not None], state, [])
-        state.parents = _best(scored, self.settings.parents)
+        genomes = [g for g in genomes if g is not None]
+        known = [self._known(g, state) for g in genomes]
+        scored = [s for s in known if s is not None]
+        fresh = [g for g, s in zip(genomes, known) if s is None]
+        scored += self._race(fresh, state, scored, self.settings.parents)
+        state.parents = _best(scored, self.settings.parents, self._total)
         self._end_generation(state, rng, scored)
 
-    def _score_all(self, genomes: list[Genome], state: SearchState, parents: list[Scored]) -> list[Scored]:
-        """Score `genomes` in order; with racing, each against the bar set by everything scored before it."""
+    def _known(self, genome: Genome, state: SearchState) -> Scored | None:
+        """The genome as already scored in full (by the uniform scan), else None."""
+        fitness, order, *_ = state.seen.get(self._key(genome), (None, None))
+        return None if fitness is None else Scored(genome, fitness, order, _deviation(self._scales(genome)))
+
+    def _race(self, genomes: list[Genome], state: SearchState, parents: list[Scored], keep: int) -> list[Scored]:
+        """Score `genomes` just enough to know exactly the best `keep` of parents + genomes.
+
+        Returns the genomes scored in full (every one without racing); see the module docstring.
+        """
+        runners = [self._runner(g, state) for g in genomes]
         scored: list[Scored] = []
-        for genome in genomes:
-            bar = self._selection_bar(parents + scored) if self.settings.racing else None
-            result = self._score(genome, state, bar)
-            if result is not None:
-                scored.append(result)
+        while runners:
+            if self.settings.racing:
+                runners = self._drop_hopeless(runners, parents + scored, keep, state)
+                if not runners:
+                    break
+                runner = min(runners, key=lambda r: r.best_rank(self._total))
+            else:
+                runner = runners[0]
+            self._score_chunk(runner, state, self._chunk_size(runner))
+            if len(runner.done) == self._total:
+                runners.remove(runner)
+                fitness = runner.correct / self._total
+                state.seen[runner.key] = [fitness, runner.order]
+                state.evaluations += 1
+                scored.append(Scored(runner.genome, fitness, runner.order, runner.deviation))
         return scored
 
-    def _selection_bar(self, pool: list[Scored]) -> Scored | None:
-        """The `parents`-th best genome so far by the selection order (None: not yet known).
+    def _drop_hopeless(self, runners: list[_Runner], pool: list[Scored], keep: int, state: SearchState):
+        """The runners that could still rank among the best `keep` of `pool` and themselves."""
+        if len(pool) < keep:
+            return runners
+        bar = _rank(_best(pool, keep, self._total)[-1], self._total)
+        alive = []
+        for runner in runners:
+            if runner.best_rank(self._total) < bar:
+                alive.append(runner)
+            else:
+                state.seen[runner.key] = [None, runner.order, runner.correct, sorted(runner.done)]
+                state.raced_out += 1
+        return alive
 
-        The next parents are the best of a pool that only grows, so the bar only rises:
-        a genome that cannot beat it now is never selected.
-        """
-        if len(pool) < self.settings.parents:
-            return None
-        return _best(pool, self.settings.parents)[-1]
+    def _runner(self, genome: Genome, state: SearchState) -> _Runner:
+        key = self._key(genome)
+        scales = self._scales(genome)
+        if key in state.seen:  # raced out before (the unscaled genome, in the uniform scan): go on from there
+            _, order, correct, done = state.seen[key]
+            return _Runner(genome, key, scales, _deviation(scales), order, correct, set(done))
+        state.seen[key] = [None, len(state.seen)]
+        return _Runner(genome, key, scales, _deviation(scales), len(state.seen) - 1)
+
+    def _chunk_size(self, runner: _Runner) -> int:
+        if not self.settings.racing:
+            return self._total
+        return min(self.settings.chunk, max(self.settings.first_chunk, len(runner.done)))
+
+    def _score_chunk(self, runner: _Runner, state: SearchState, size: int) -> None:
+        """Score `runner` on the next `size` examples it has not met, those failed most often first."""
+        todo = sorted((i for i in range(self._total) if i not in runner.done), key=lambda i: (-state.failures[i], i))
+        ids = todo[:size]
+        verdicts = self.evaluator.correct(runner.scales, ids)
+        runner.correct += sum(verdicts)
+        runner.done.update(ids)
+        for i, ok in zip(ids, verdicts):
+            state.failures[i] += not ok
 
     def _breed(self, state: SearchState, rng: random.Random) -> list[Genome]:
         children: list[Genome] = []
@@ -175,32 +261,11 @@ class GeneticSearch:
             state.duplicates_skipped += 1
         return None
 
-    def _key(self, genome: Genome) -> str:
-        return json.dumps(self.space.scales_key(genome))
+    def _scales(self, genome: Genome) -> tuple[float, ...]:
+        return self.space.scales_key(genome)
 
-    def _score(self, genome: Genome, state: SearchState, bar: Scored | None) -> Scored | None:
-        """Fitness on the calibration set, or None once it cannot beat `bar` (see the module docstring)."""
-        scales = self.space.scales_key(genome)
-        deviation = sum(abs(math.log(s)) for s in scales)
-        total = self.evaluator.num_examples
-        order = sorted(range(total), key=lambda i: (-state.failures[i], i))
-        correct, remaining, chunk = 0, total, self.settings.chunk if bar is not None else total
-        # Scored later than everything in the pool, it loses every full tie; so even a perfect
-        # score on the remaining examples must beat the bar on (fitness, deviation).
-        while bar is None or _can_beat(correct + remaining, deviation, bar, total):
-            if remaining == 0:
-                state.evaluations += 1
-                state.seen[self._key(genome)] = correct / total
-                return Scored(genome, correct / total, len(state.seen), deviation)
-            ids = order[total - remaining:total - remaining + chunk]
-            verdicts = self.evaluator.correct(scales, ids)
-            correct += sum(verdicts)
-            remaining -= len(ids)
-            for i, ok in zip(ids, verdicts):
-                state.failures[i] += not ok
-        state.seen[self._key(genome)] = None
-        state.raced_out += 1
-        return None
+    def _key(self, genome: Genome) -> str:
+        return json.dumps(self._scales(genome))
 
     def _end_generation(self, state: SearchState, rng: random.Random, scored: list[Scored]) -> None:
         state.forward_tokens = self._tokens_before + self.evaluator.forward_tokens
@@ -219,13 +284,15 @@ class GeneticSearch:
             self.on_generation(state)
 
 
-def _can_beat(best_correct: int, deviation: float, bar: Scored, total: int) -> bool:
-    """Whether a genome with at most `best_correct` right answers could rank above `bar`."""
-    bar_correct = round(bar.fitness * total)
-    return best_correct > bar_correct or (best_correct == bar_correct and round(deviation, 9) < round(bar.deviation, 9))
+def _deviation(scales: tuple[float, ...]) -> float:
+    return sum(abs(math.log(s)) for s in scales)
 
 
-def _best(scored: list[Scored], count: int) -> list[Scored]:
+def _rank(scored: Scored, total: int) -> tuple:
     # At equal fitness the curve that changes the model least wins: it keeps what the model
     # learned at its own positions wherever scaling does not help.
-    return sorted(scored, key=lambda s: (-s.fitness, round(s.deviation, 9), s.order))[:count]
+    return (-round(scored.fitness * total), round(scored.deviation, 9), scored.order)
+
+
+def _best(scored: list[Scored], count: int, total: int) -> list[Scored]:
+    return sorted(scored, key=lambda s: _rank(s, total))[:count]

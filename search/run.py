@@ -82,26 +82,22 @@ def search(model: str, out: str | Path, options: SearchOptions = SearchOptions()
     space = SearchSpace(grid, config.num_hidden_layers, options.degree)
     replicas = load_replicas(model_path, devices(options.device))
     # Race one full batch per replica at a time: finer chunks would waste batch slots, coarser ones tokens.
-    settings = replace(settings, chunk=options.batch_size * len(replicas))
+    settings = replace(settings, chunk=options.batch_size * len(replicas), first_chunk=len(replicas))
     tokenizer = _tokenizer(model_path)
     evaluator = ModelEvaluator(replicas, tokenizer, examples, options.method, options.batch_size)
     checkpoint = out.with_name(out.name + ".state.json")
     started = time.time()
-    state, uniform = _resume(checkpoint, options, model_path, force)
-    if uniform is None:
-        uniform = _best_uniform(evaluator, grid, config.num_hidden_layers, options.racing, settings.chunk)
-    uniform_scale, uniform_fitness, uniform_tokens = uniform
+    state = _resume(checkpoint, options, model_path, force)
     reporter = _Reporter(settings.generations, progress)
     key = _settings_key(options, model_path)
 
     def after_generation(state: SearchState) -> None:
-        checkpoint_data = {"settings_key": key, "uniform": list(uniform), "state": state.to_json()}
-        write_text_atomic(checkpoint, json.dumps(checkpoint_data))
+        write_text_atomic(checkpoint, json.dumps({"settings_key": key, "state": state.to_json()}))
         reporter(state)
 
-    # Seeded with the best uniform scale, the search can only match or beat it on calibration (elitism).
-    seeds = (space.uniform(uniform_scale),)
-    state = GeneticSearch(space, evaluator, settings, after_generation, seeds).run(state)
+    # It scans the uniform scales first and seeds generation 0 with the best: with elitism the
+    # curve found can only match or beat it on calibration.
+    state = GeneticSearch(space, evaluator, settings, after_generation).run(state)
     reporter.close()
     best = state.parents[0].genome
     spec = best.spec(grid, config.num_hidden_layers)
@@ -113,8 +109,8 @@ def search(model: str, out: str | Path, options: SearchOptions = SearchOptions()
                    "fitness": state.parents[0].fitness, "evaluations": state.evaluations,
                    "raced_out": state.raced_out, "duplicates_skipped": state.duplicates_skipped,
                    "forward_tokens": state.forward_tokens, "history": state.history,
-                   "best_uniform_scale": uniform_scale, "best_uniform_fitness": uniform_fitness,
-                   "uniform_scan_tokens": uniform_tokens},
+                   "best_uniform_scale": state.uniform["scale"], "best_uniform_fitness": state.uniform["fitness"],
+                   "uniform_scan_tokens": state.uniform["tokens"]},
         "held_out": held_out,
     }
     spec = Spec(spec.scales, spec.curve, provenance)
@@ -123,26 +119,6 @@ def search(model: str, out: str | Path, options: SearchOptions = SearchOptions()
     print(f"lpes-search: wrote {out} in {time.time() - started:.0f}s (fitness {state.parents[0].fitness:.3f}, "
           f"held-out {held_out['unscaled']:.3f} -> {held_out['lpes']:.3f})", file=sys.stderr)
     return spec
-
-
-def _best_uniform(evaluator: ModelEvaluator, grid: ScaleGrid, num_layers: int, racing: bool, chunk: int):
-    """(scale, fitness, tokens): the grid scale that, applied to every layer, scores best on calibration.
-
-    This is the baseline a per-layer curve must beat. Raced like the search: a scale stops
-    being scored once it cannot beat the best so far (ties go to the smaller scale).
-    """
-    tokens_before = evaluator.forward_tokens
-    best_scale, best_correct, total = 1.0, -1, evaluator.num_examples
-    for scale in grid.values:
-        correct = 0
-        for start in range(0, total, chunk):
-            ids = list(range(start, min(total, start + chunk)))
-            correct += sum(evaluator.correct((scale,) * num_layers, ids))
-            if racing and correct + total - ids[-1] - 1 <= best_correct:
-                break
-        if correct > best_correct:
-            best_scale, best_correct = scale, correct
-    return best_scale, best_correct / total, evaluator.forward_tokens - tokens_before
 
 
 def _across_positions(examples: list, count: int) -> list:
@@ -166,17 +142,17 @@ def _settings_key(options: SearchOptions, model_path: Path) -> str:
 
 
 def _resume(checkpoint: Path, options: SearchOptions, model_path: Path, force: bool):
-    """(state, uniform baseline) saved by an interrupted run of the same search, else (None, None)."""
+    """The state saved by an interrupted run of the same search, else None."""
     if not checkpoint.is_file():
-        return None, None
+        return None
     data = json.loads(checkpoint.read_text())
     if data.get("settings_key") != _settings_key(options, model_path):
         if not force:
             raise LpesError(f"{checkpoint} is from a search with other settings; delete it or pass --force")
         print(f"lpes-search: ignoring {checkpoint} (other settings; --force)", file=sys.stderr)
-        return None, None
+        return None
     print(f"lpes-search: resuming from {checkpoint} (generation {data['state']['generation']})", file=sys.stderr)
-    return SearchState.from_json(data["state"]), tuple(data["uniform"])
+    return SearchState.from_json(data["state"])
 
 
 def _held_out(model, tokenizer, examples, best: Spec, batch_size: int) -> dict:

@@ -48,9 +48,10 @@ def test_racing_changes_cost_not_result(seed):
     assert raced.raced_out > 0 and raced_task.forward_tokens < plain_task.forward_tokens
 
 
-def test_no_scale_vector_is_scored_twice():
-    _, task = run(False)
-    scored = [scales for scales, _ in task.calls]
+@pytest.mark.parametrize("racing", [False, True])
+def test_no_scale_vector_is_scored_twice_on_an_example(racing):
+    _, task = run(racing)
+    scored = [(scales, i) for scales, ids in task.calls for i in ids]
     assert len(scored) == len(set(scored))
 
 
