@@ -1,7 +1,7 @@
 """Search cost: lpes-search (one-pass check + exact racing) against a plain GA (greedy generation,
 every candidate on every example), same model, data, population, generations and seed.
 
-    python bench/bench_search.py [--model lpes-tiny-kv] [--population 16] [--generations 8]
+    python bench/bench_search.py [--model lpes-tiny-kv] [--population 16] [--generations 8] [--ties first]
 
 Prints a Markdown table for bench/RESULTS.md: model-forward tokens and wall time in total
 and until the final fitness was first reached, final fitness, held-out accuracy.
@@ -53,9 +53,11 @@ def main() -> None:
     parser.add_argument("--generations", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data", default=None)
+    parser.add_argument("--ties", default="gentle", choices=["gentle", "first"])
     args = parser.parse_args()
     torch.set_num_threads(2)
-    common = dict(population=args.population, generations=args.generations, seed=args.seed, data=args.data)
+    common = dict(population=args.population, generations=args.generations, seed=args.seed, data=args.data,
+                  ties=args.ties)
     with tempfile.TemporaryDirectory() as tmp:
         ours = run(args.model, SearchOptions(**common), Path(tmp), "lpes")
         plain = run(args.model, SearchOptions(**common, method="greedy", racing=False), Path(tmp), "plain")

@@ -45,6 +45,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=DEFAULTS.batch_size)
     parser.add_argument("--method", default=DEFAULTS.method, choices=["teacher-forced", "greedy"],
                         help="how a candidate is scored (greedy: the paper's way, slower)")
+    parser.add_argument("--ties", default=DEFAULTS.ties, choices=["gentle", "first"],
+                        help="at equal fitness prefer the gentler curve (smaller sum |log s|; default) or the "
+                        "first one found (the papers' plain GA, cheaper: gentler curves of equal fitness "
+                        "need not be scored in full)")
     parser.add_argument("--no-racing", dest="racing", action="store_false",
                         help="score every candidate on every example (same result, more work)")
     parser.add_argument("--no-chat-template", dest="chat_template", action="store_false")
@@ -53,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     options = SearchOptions(
         data=args.data, population=args.population, generations=args.generations, degree=args.degree,
         scale_grid=args.scale_grid, seed=args.seed, holdout=args.holdout, device=args.device,
-        method=args.method, racing=args.racing, batch_size=args.batch_size, chat_template=args.chat_template,
+        method=args.method, ties=args.ties, racing=args.racing, batch_size=args.batch_size,
+        chat_template=args.chat_template,
     )
     search(args.model, args.out, options, force=args.force)
     return 0

@@ -7,9 +7,10 @@ breeds `population - parents` children by crossover and mutation, and scores onl
 genomes whose rounded scale vector was never seen. Fitness is Eq. 7: the share of
 calibration examples answered correctly.
 
-Selection ranks by fitness, then by the smallest change to the model (sum of |log s_h|,
-known before scoring), then by queue order (the order genomes were first bred, the same
-with or without racing).
+Selection ranks by fitness, then (with `ties="gentle"`, the default) by the smallest change
+to the model (sum of |log s_h|, known before scoring), then by queue order (the order
+genomes were first bred, the same with or without racing). `ties="first"` is the plain GA
+of the papers: Eq. 7 alone, the first genome found wins a tie.
 
 Racing, exactly: selection only needs to know which genomes rank among the best `parents`
 of (current parents + children), and their fitness. Genomes are scored a chunk of examples
@@ -52,6 +53,7 @@ class GASettings:
     racing: bool = True
     chunk: int = 8  # most examples scored between two racing checks (one full batch per replica)
     first_chunk: int = 1  # a genome's first chunks are small and double up to `chunk`: most hopeless ones fail at once
+    ties: str = "gentle"  # at equal fitness: "gentle" (smaller sum |log s_h| first) or "first" (queue order only)
 
 
 @dataclass
@@ -145,7 +147,7 @@ class GeneticSearch:
         return self.evaluator.num_examples
 
     def _scan_uniform(self, state: SearchState) -> None:
-        """Generation -1: the best uniform curve, raced like the rest (ties go to the gentler scale)."""
+        """Generation -1: the best uniform curve, raced like the rest (ties: the gentler, or the smaller, scale)."""
         tokens_before = self.evaluator.forward_tokens
         genomes = [self.space.uniform(scale) for scale in self.space.grid.values]
         best = _best(self._race(genomes, state, [], 1), 1, self._total)[0]
@@ -172,7 +174,7 @@ class GeneticSearch:
     def _known(self, genome: Genome, state: SearchState) -> Scored | None:
         """The genome as already scored in full (by the uniform scan), else None."""
         fitness, order, *_ = state.seen.get(self._key(genome), (None, None))
-        return None if fitness is None else Scored(genome, fitness, order, _deviation(self._scales(genome)))
+        return None if fitness is None else Scored(genome, fitness, order, self._deviation(self._scales(genome)))
 
     def _race(self, genomes: list[Genome], state: SearchState, parents: list[Scored], keep: int) -> list[Scored]:
         """Score `genomes` just enough to know exactly the best `keep` of parents + genomes.
@@ -217,9 +219,9 @@ class GeneticSearch:
         scales = self._scales(genome)
         if key in state.seen:  # raced out before (the unscaled genome, in the uniform scan): go on from there
             _, order, correct, done = state.seen[key]
-            return _Runner(genome, key, scales, _deviation(scales), order, correct, set(done))
+            return _Runner(genome, key, scales, self._deviation(scales), order, correct, set(done))
         state.seen[key] = [None, len(state.seen)]
-        return _Runner(genome, key, scales, _deviation(scales), len(state.seen) - 1)
+        return _Runner(genome, key, scales, self._deviation(scales), len(state.seen) - 1)
 
     def _chunk_size(self, runner: _Runner) -> int:
         if not self.settings.racing:
@@ -264,6 +266,10 @@ class GeneticSearch:
     def _scales(self, genome: Genome) -> tuple[float, ...]:
         return self.space.scales_key(genome)
 
+    def _deviation(self, scales: tuple[float, ...]) -> float:
+        """Sum of |log s_h|: how far the curve moves the model from its own RoPE (0: ties by queue order)."""
+        return sum(abs(math.log(s)) for s in scales) if self.settings.ties == "gentle" else 0.0
+
     def _key(self, genome: Genome) -> str:
         return json.dumps(self._scales(genome))
 
@@ -282,10 +288,6 @@ class GeneticSearch:
         state.rng_state = _rng_to_json(rng)
         if self.on_generation is not None:
             self.on_generation(state)
-
-
-def _deviation(scales: tuple[float, ...]) -> float:
-    return sum(abs(math.log(s)) for s in scales)
 
 
 def _rank(scored: Scored, total: int) -> tuple:

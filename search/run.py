@@ -21,6 +21,8 @@ from lpes.search.ga import GASettings, GeneticSearch, SearchState
 from lpes.search.genome import ScaleGrid, SearchSpace
 from lpes.spec import Spec, dump_spec, write_text_atomic
 
+TIES = ("gentle", "first")
+
 
 @dataclass(frozen=True)
 class SearchOptions:
@@ -33,6 +35,9 @@ class SearchOptions:
     holdout: int = 100  # held-out examples for accuracy before/after (the paper held out 500)
     device: str | None = None
     method: str = "teacher-forced"
+    # At equal fitness prefer the gentler curve: on the bundled model +4 points held out, at 2.5x the
+    # cost of "first" (each gentler curve of equal fitness must be scored in full; bench/RESULTS.md).
+    ties: str = "gentle"
     racing: bool = True
     batch_size: int = 8
     chat_template: bool = True
@@ -48,6 +53,8 @@ def check_options(options: SearchOptions) -> tuple[ScaleGrid, GASettings]:
         raise LpesError(f"--degree must be at least 1, got {options.degree}")
     if options.method not in METHODS:
         raise LpesError(f"--method must be one of {', '.join(METHODS)}")
+    if options.ties not in TIES:
+        raise LpesError(f"--ties must be one of {', '.join(TIES)}")
     if options.holdout < 0:
         raise LpesError("--holdout must be >= 0")
     if options.batch_size < 1:
@@ -56,7 +63,8 @@ def check_options(options: SearchOptions) -> tuple[ScaleGrid, GASettings]:
     if not grid.values:
         raise LpesError(f"--scale-grid {options.scale_grid!r} has no values")
     settings = GASettings(population=options.population, generations=options.generations,
-                          parents=max(1, options.population // 2), seed=options.seed, racing=options.racing)
+                          parents=max(1, options.population // 2), seed=options.seed, racing=options.racing,
+                          ties=options.ties)
     return grid, settings
 
 

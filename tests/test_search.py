@@ -31,20 +31,22 @@ class ThresholdTask:
 SPACE = SearchSpace(ScaleGrid.parse("1:4:0.25"), num_layers=8, degree=3)
 
 
-def run(racing, seed=0, generations=8, population=12):
+def run(racing, seed=0, generations=8, population=12, ties="gentle"):
     task = ThresholdTask()
     state = GeneticSearch(SPACE, task, GASettings(population=population, generations=generations,
-                                                  parents=population // 2,
-                                                  seed=seed, racing=racing, chunk=8)).run()
+                                                  parents=population // 2, seed=seed, racing=racing,
+                                                  chunk=8, ties=ties)).run()
     return state, task
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_racing_changes_cost_not_result(seed):
-    raced, raced_task = run(True, seed)
-    plain, plain_task = run(False, seed)
-    assert [(s.genome, s.fitness) for s in raced.parents] == [(s.genome, s.fitness) for s in plain.parents]
+@pytest.mark.parametrize("seed, ties", [(0, "gentle"), (1, "gentle"), (2, "gentle"), (0, "first"), (1, "first")])
+def test_racing_changes_cost_not_result(seed, ties):
+    raced, raced_task = run(True, seed, ties=ties)
+    plain, plain_task = run(False, seed, ties=ties)
+    assert [(s.genome, s.fitness, s.order) for s in raced.parents] == [(s.genome, s.fitness, s.order)
+                                                                       for s in plain.parents]
     assert [h["best"] for h in raced.history] == [h["best"] for h in plain.history]
+    assert (raced.uniform["scale"], raced.uniform["fitness"]) == (plain.uniform["scale"], plain.uniform["fitness"])
     assert raced.raced_out > 0 and raced_task.forward_tokens < plain_task.forward_tokens
 
 
