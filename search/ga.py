@@ -74,6 +74,8 @@ class SearchState:
     failures: list[int] = field(default_factory=list)  # per example: how often scored genomes failed it
     history: list[dict] = field(default_factory=list)
     uniform: dict | None = None  # the uniform scan's best: scale, fitness, tokens
+    best_fitness: float = -1.0  # the best fitness scored so far, and the tokens spent when it was first reached
+    tokens_to_best: int = 0
     evaluations: int = 0
     raced_out: int = 0
     duplicates_skipped: int = 0
@@ -197,6 +199,8 @@ class GeneticSearch:
                 fitness = runner.correct / self._total
                 state.seen[runner.key] = [fitness, runner.order]
                 state.evaluations += 1
+                if fitness > state.best_fitness:
+                    state.best_fitness, state.tokens_to_best = fitness, self._tokens_now()
                 scored.append(Scored(runner.genome, fitness, runner.order, runner.deviation))
         return scored
 
@@ -273,8 +277,11 @@ class GeneticSearch:
     def _key(self, genome: Genome) -> str:
         return json.dumps(self._scales(genome))
 
+    def _tokens_now(self) -> int:
+        return self._tokens_before + self.evaluator.forward_tokens
+
     def _end_generation(self, state: SearchState, rng: random.Random, scored: list[Scored]) -> None:
-        state.forward_tokens = self._tokens_before + self.evaluator.forward_tokens
+        state.forward_tokens = self._tokens_now()
         fitnesses = [s.fitness for s in scored]
         state.history.append({
             "generation": state.generation,
