@@ -16,8 +16,9 @@ examples:
 Fitness is Eq. 7 of the paper: the share of calibration examples answered correctly,
 checked in one forward pass per example (teacher forcing; see README). Candidates that
 cannot reach the current parents are raced out early, and no scale vector is scored
-twice, so the result is that of a plain GA at a fraction of the cost (bench/RESULTS.md). The state is saved
-after every generation: run the same command again to resume an interrupted search.
+twice, so the result is that of a plain GA at a fraction of the cost (bench/RESULTS.md).
+The state is saved after every generation: run the same command again to resume an
+interrupted search.
 """
 
 
