@@ -107,7 +107,7 @@ class _Runner:
 
     def best_rank(self, total: int) -> tuple:
         """Its selection key if every remaining example comes out right (smaller ranks higher)."""
-        return (-(self.correct + total - len(self.done)), round(self.deviation, 9), self.order)
+        return _selection_key(self.correct + total - len(self.done), self.deviation, self.order)
 
 
 def _rng_to_json(rng: random.Random) -> list:
@@ -219,8 +219,8 @@ class GeneticSearch:
         return alive
 
     def _runner(self, genome: Genome, state: SearchState) -> _Runner:
-        key = self._key(genome)
         scales = self._scales(genome)
+        key = _key_of(scales)
         if key in state.seen:  # raced out before (the unscaled genome, in the uniform scan): go on from there
             _, order, correct, done = state.seen[key]
             return _Runner(genome, key, scales, self._deviation(scales), order, correct, set(done))
@@ -275,7 +275,7 @@ class GeneticSearch:
         return sum(abs(math.log(s)) for s in scales) if self.settings.ties == "gentle" else 0.0
 
     def _key(self, genome: Genome) -> str:
-        return json.dumps(self._scales(genome))
+        return _key_of(self._scales(genome))
 
     def _tokens_now(self) -> int:
         return self._tokens_before + self.evaluator.forward_tokens
@@ -297,10 +297,18 @@ class GeneticSearch:
             self.on_generation(state)
 
 
+def _key_of(scales: tuple[float, ...]) -> str:
+    return json.dumps(scales)
+
+
+def _selection_key(correct: int, deviation: float, order: int) -> tuple:
+    # At equal fitness the curve that changes the model least wins (deviation is 0 with
+    # ties="first"): it keeps what the model learned at its own positions wherever scaling does not help.
+    return (-correct, round(deviation, 9), order)
+
+
 def _rank(scored: Scored, total: int) -> tuple:
-    # At equal fitness the curve that changes the model least wins: it keeps what the model
-    # learned at its own positions wherever scaling does not help.
-    return (-round(scored.fitness * total), round(scored.deviation, 9), scored.order)
+    return _selection_key(round(scored.fitness * total), scored.deviation, scored.order)
 
 
 def _best(scored: list[Scored], count: int, total: int) -> list[Scored]:

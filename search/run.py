@@ -35,7 +35,7 @@ class SearchOptions:
     holdout: int = 100  # held-out examples for accuracy before/after (the paper held out 500)
     device: str | None = None
     method: str = "teacher-forced"
-    # At equal fitness prefer the gentler curve: on the bundled model +4 points held out, at 2.5x the
+    # At equal fitness prefer the gentler curve: on the bundled model +4 points held out, at 2.4x the
     # cost of "first" (each gentler curve of equal fitness must be scored in full; bench/RESULTS.md).
     ties: str = "gentle"
     racing: bool = True
@@ -89,7 +89,8 @@ def search(model: str, out: str | Path, options: SearchOptions = SearchOptions()
                                               split="validation"), options.holdout)
     space = SearchSpace(grid, config.num_hidden_layers, options.degree)
     replicas = load_replicas(model_path, devices(options.device))
-    # Race one full batch per replica at a time: finer chunks would waste batch slots, coarser ones tokens.
+    # Racing chunks start at one example per replica (most hopeless genomes fail at once) and double
+    # up to one full batch per replica: coarser chunks would waste tokens.
     settings = replace(settings, chunk=options.batch_size * len(replicas), first_chunk=len(replicas))
     tokenizer = _tokenizer(model_path)
     evaluator = ModelEvaluator(replicas, tokenizer, examples, options.method, options.batch_size)
