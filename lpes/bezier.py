@@ -1,9 +1,12 @@
-"""Bezier curves that map layer depth to a RoPE scale (method.md section 2).
+"""Bezier curves that map layer depth to a RoPE scale (docs/method.md, section 2).
 
 A curve of degree d has control points P_0..P_d, each (x = layer position, y = scale).
 Layer h sits at x_h = P_0.x + (P_d.x - P_0.x) / (L - 1) * h (Eq. 6); its scale is
 B_y(t_h) where B_x(t_h) = x_h (Eq. 5). With non-decreasing control-point x, B_x is
 non-decreasing in t, so bisection finds t_h.
+
+The functions assume what lpes.spec checks on load: 2 to MAX_DEGREE + 1 control points,
+finite, x non-decreasing with P_d.x > P_0.x (equal end x would put every layer at t = 0).
 """
 
 from __future__ import annotations
@@ -13,6 +16,9 @@ from math import comb
 import numpy as np
 
 _BISECTION_STEPS = 64  # halves [0, 1] down to below float64 resolution
+# The papers use cubic curves. Far higher degrees add nothing a smooth depth profile needs, and
+# past a few hundred the binomials C(d, k) no longer fit a float64.
+MAX_DEGREE = 16
 
 
 def bernstein(points: np.ndarray, t: np.ndarray) -> np.ndarray:

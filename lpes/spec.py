@@ -4,32 +4,71 @@
       "format": "lpes-spec",
       "version": 1,
       "num_layers": 4,                                  # decoder layers the scales are for
-      "scales": [4.0, 2.1, 1.3, 1.0],                   # s_h, finite and > 0, one per layer
+      "scales": [4.0, 2.5, 1.5, 1.0],                   # s_h, one per layer
       "curve": {"degree": 3,                            # optional: the Bezier curve
-                "control_points": [[0, 4.0], [1, 1.0], [2, 1.0], [3, 1.0]]},
+                "control_points": [[0, 4.0], [1, 2.25], [2, 1.25], [3, 1.0]]},
       "provenance": {"lpes_version": "0.1.0",           # optional, free-form below
                      "model": {...fingerprint...}, "search": {...}}
     }
 
 A file may also hold only `scales`, or only a curve (`curve` or a top-level
-`control_points`); the scales are then read off the curve for the model's layer count.
+`control_points`, with an optional top-level `degree`); the scales are then read off
+the curve for the model's layer count.
+
+The loader is strict: a typo must not silently give all-ones scales, so every key
+outside `provenance` must be known, no key may appear twice, and bools are not numbers.
+Sane ranges (anything outside is a mistake, refused with the field's name):
+
+- a scale (each of `scales`, each control point's y, `provenance.search.best_uniform_scale`)
+  lies in [MIN_SCALE, MAX_SCALE] = [1e-3, 1e4]. Scales are interpolation factors, normally
+  1..4 (s > 1 slows the rotation, s < 1 speeds it up, method.md section 1); every value in
+  the range is a normal float32, so it survives the export's float32 arithmetic (1e-46 or
+  1e-300 would become 0 there);
+- 1 <= `num_layers` <= MAX_LAYERS = 4096, and at most that many `scales`;
+- a curve has 2 to MAX_DEGREE + 1 = 17 control points (degree 1..16; the papers use 3),
+  finite x, non-decreasing, with the last x greater than the first;
+- the file is at most 8 MiB of UTF-8 JSON, nested at most 64 levels, integers at most
+  40 digits.
+
+Provenance that other stages read is typed: `search` (with `best_uniform_scale`),
+`model` and `held_out` are objects, `base_model` and `lpes_version` strings; read them
+through `Spec.best_uniform_scale` and `Spec.base_model`.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
+import numbers
 import os
-import tempfile
+import stat
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from lpes import bezier
 from lpes.errors import LpesError
+from lpes.files import write_bytes_atomic, write_text_atomic
+
+# Re-exported: lpes.spec was the atomic writers' home before lpes.files; new code imports lpes.files.
+__all__ = ["Curve", "Spec", "dump_spec", "load_spec", "parse_spec", "write_bytes_atomic", "write_text_atomic"]
 
 FORMAT = "lpes-spec"
 VERSION = 1
+MIN_SCALE = 1e-3
+MAX_SCALE = 1e4
+MAX_LAYERS = 4096
+MAX_DEGREE = bezier.MAX_DEGREE
+MAX_FILE_BYTES = 8 << 20
+MAX_DEPTH = 64
+MAX_INT_DIGITS = 40
+
+TOP_LEVEL_KEYS = ("format", "version", "num_layers", "scales", "curve", "control_points", "degree", "provenance")
+CURVE_KEYS = ("degree", "control_points")
+_SCALE_RANGE = f"[{MIN_SCALE:g}, {MAX_SCALE:g}]"
 
 
 @dataclass(frozen=True)
@@ -41,7 +80,11 @@ class Curve:
         return len(self.control_points) - 1
 
     def scales(self, num_layers: int) -> list[float]:
-        return bezier.layer_scales(self.control_points, num_layers)
+        """The per-layer scales; a Bezier curve stays within its control points' y range (clipped to it,
+        so that rounding never takes a scale past the range the control points were checked for)."""
+        ys = [y for _, y in self.control_points]
+        scales = np.clip(bezier.layer_scales(self.control_points, num_layers), min(ys), max(ys))
+        return [float(s) for s in scales]
 
     def to_json(self) -> dict[str, Any]:
         return {"degree": self.degree, "control_points": [list(p) for p in self.control_points]}
@@ -59,8 +102,26 @@ class Spec:
     def num_layers(self) -> int | None:
         return None if self.scales is None else len(self.scales)
 
+    @property
+    def best_uniform_scale(self) -> float | None:
+        """The best single scale lpes-search found (`provenance.search.best_uniform_scale`), if recorded.
+
+        The baseline validation holds a per-layer curve against; written by the search, read by validation.
+        """
+        search = self.provenance.get("search")
+        value = search.get("best_uniform_scale") if isinstance(search, dict) else None
+        return float(value) if _is_number(value) and MIN_SCALE <= value <= MAX_SCALE else None
+
+    @property
+    def base_model(self) -> str | None:
+        """The model the spec was searched on or converted from (`provenance.base_model`), if recorded."""
+        value = self.provenance.get("base_model")
+        return value if isinstance(value, str) and value else None
+
     def for_layers(self, num_layers: int) -> Spec:
         """This spec resolved for a model with `num_layers` decoder layers (scales filled in, count checked)."""
+        if isinstance(num_layers, bool) or not isinstance(num_layers, int) or not 1 <= num_layers <= MAX_LAYERS:
+            raise LpesError(f"the model has {_show(num_layers)} layers; lpes supports 1..{MAX_LAYERS}")
         if self.scales is None:
             return replace(self, scales=tuple(_check_scales(self.curve.scales(num_layers), "curve")))
         if len(self.scales) != num_layers:
@@ -69,7 +130,7 @@ class Spec:
 
     @classmethod
     def from_curve(cls, control_points, num_layers: int, provenance: dict | None = None) -> Spec:
-        curve = _parse_curve({"control_points": control_points}, "curve")
+        curve = _parse_curve({"control_points": control_points}, "curve.")
         return cls(None, curve, dict(provenance or {})).for_layers(num_layers)
 
     @classmethod
@@ -90,107 +151,277 @@ class Spec:
 def load_spec(path: str | os.PathLike, num_layers: int | None = None) -> Spec:
     """Read and validate a spec file; with `num_layers`, also check (or derive) the scales for it."""
     path = Path(path)
-    if not path.is_file():
-        raise LpesError(f"spec file not found: {path}")
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise LpesError(f"spec file {path} is not valid JSON: {err}") from None
-    spec = parse_spec(data)
+    spec = parse_spec(_decode(_read(path), path))
     return spec.for_layers(num_layers) if num_layers is not None else spec
+
+
+def dump_spec(spec: Spec, path: str | os.PathLike) -> None:
+    """Write `spec` to `path` atomically; refuses (LpesError) what load_spec would refuse to read back."""
+    data = (json.dumps(spec.to_json(), indent=2) + "\n").encode()
+    _check_size(len(data), Path(path))
+    parse_spec(_decode(data, Path(path)))
+    write_bytes_atomic(Path(path), data)
 
 
 def parse_spec(data: Any) -> Spec:
     """Validate a decoded spec; every error names the field and what is wrong."""
     if not isinstance(data, dict):
         raise LpesError("spec: top level must be a JSON object")
-    if data.get("format", FORMAT) != FORMAT:
-        raise LpesError(f"spec: 'format' is {data['format']!r}, expected {FORMAT!r}")
-    version = data.get("version", VERSION)
-    if version != VERSION:
-        raise LpesError(f"spec: 'version' {version!r} is not supported (this lpes reads version {VERSION})")
-    curve_data = data.get("curve")
-    if curve_data is None and "control_points" in data:
-        curve_data = {"control_points": data["control_points"], "degree": data.get("degree")}
-    curve = _parse_curve(curve_data, "curve") if curve_data is not None else None
+    _check_keys(data, TOP_LEVEL_KEYS, "")
+    _check_header(data)
+    num_layers = data.get("num_layers")
+    if num_layers is not None and not (_is_int(num_layers) and 1 <= num_layers <= MAX_LAYERS):
+        raise LpesError(f"spec: 'num_layers' must be an integer in 1..{MAX_LAYERS}, got {_show(num_layers)}")
+    curve = _curve_of(data)
     scales = data.get("scales")
     if scales is None and curve is None:
         raise LpesError("spec: needs 'scales' or a curve ('curve' or 'control_points')")
-    provenance = data.get("provenance", {})
-    if not isinstance(provenance, dict):
-        raise LpesError("spec: 'provenance' must be an object")
+    provenance = _check_provenance(data.get("provenance", {}))
     spec = Spec(None if scales is None else tuple(_check_scales(scales, "scales")), curve, provenance)
-    num_layers = data.get("num_layers")
     if num_layers is not None:
-        if not isinstance(num_layers, int) or isinstance(num_layers, bool) or num_layers < 1:
-            raise LpesError(f"spec: 'num_layers' must be a positive integer, got {num_layers!r}")
+        if spec.scales is not None and len(spec.scales) != num_layers:
+            raise LpesError(f"spec: 'scales' has {len(spec.scales)} entries but 'num_layers' is {num_layers}")
         spec = spec.for_layers(num_layers)
     if spec.scales is not None and curve is not None:
         _check_scales_match_curve(spec.scales, curve)
     return spec
 
 
-def dump_spec(spec: Spec, path: str | os.PathLike) -> None:
-    """Write `spec` to `path` atomically (a temporary file renamed into place)."""
-    write_text_atomic(Path(path), json.dumps(spec.to_json(), indent=2) + "\n")
+# --- reading the file ------------------------------------------------------------------------------------
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    write_bytes_atomic(path, text.encode())
-
-
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Write through a temporary file in the same folder, renamed into place: never a partial file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+def _read(path: Path) -> bytes:
+    """The file's bytes, at most MAX_FILE_BYTES; every way it cannot be read is one line."""
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        info = path.stat()
+        if stat.S_ISDIR(info.st_mode):
+            raise LpesError(f"spec file {path} is a directory, not a file{_spec_inside(path)}")
+        if not stat.S_ISREG(info.st_mode):  # a FIFO would block, /dev/zero never ends
+            raise LpesError(f"spec file {path} is not a regular file")
+        _check_size(info.st_size, path)
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_FILE_BYTES + 1)
+    except (FileNotFoundError, NotADirectoryError):
+        raise LpesError(f"spec file not found: {path}") from None
+    except PermissionError:
+        raise LpesError(f"cannot read spec file {path}: permission denied") from None
+    except OSError as err:
+        raise LpesError(f"cannot read spec file {path}: {err.strerror or err}") from None
+    except ValueError as err:  # a NUL byte in the path
+        raise LpesError(f"spec file path {_show(str(path))} is not a valid path: {err}") from None
+    _check_size(len(data), path)  # again: it may have grown since the stat
+    return data
+
+
+def _check_size(size: int, path: Path) -> None:
+    if size > MAX_FILE_BYTES:
+        raise LpesError(f"spec file {path} is larger than {MAX_FILE_BYTES >> 20} MiB; is it a spec?")
+
+
+def _spec_inside(folder: Path) -> str:
+    try:
+        found = [name for name in ("best.json", "lpes_spec.json") if (folder / name).is_file()]
+    except OSError:  # an unreadable folder: no hint
+        found = []
+    return f" (did you mean {folder / found[0]}?)" if found else ""
+
+
+class _LongInteger:
+    """Stands in for an integer literal too long to be a real value (Python refuses > 4300 digits)."""
+
+    def __init__(self, literal: str) -> None:
+        self.digits = len(literal.lstrip("-"))
+
+    def __repr__(self) -> str:
+        return f"an integer of {self.digits} digits"
+
+
+def _decode(data: bytes, path: Path) -> Any:
+    try:
+        text = data.decode("utf-8-sig")  # a byte-order mark from a Windows editor is harmless
+    except UnicodeDecodeError as err:
+        raise LpesError(f"spec file {path} is not UTF-8 text (byte {err.start})") from None
+    try:
+        value = json.loads(text, object_pairs_hook=_unique_keys, parse_int=_parse_int)
+    except RecursionError:
+        raise LpesError(f"spec file {path}: nested deeper than {MAX_DEPTH} levels") from None
+    except ValueError as err:
+        raise LpesError(f"spec file {path} is not valid JSON: {err}") from None
+    _check_structure(value)
+    return value
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:  # json keeps the last one silently; which did the user mean?
+            raise LpesError(f"spec: duplicate key {_show(key)}; each key may appear once")
+        out[key] = value
+    return out
+
+
+def _parse_int(literal: str) -> int | _LongInteger:
+    return _LongInteger(literal) if len(literal.lstrip("-")) > MAX_INT_DIGITS else int(literal)
+
+
+def _check_structure(value: Any) -> None:
+    """No nesting deeper than MAX_DEPTH (deeper breaks json.dumps later) and no over-long integer, anywhere."""
+    if not isinstance(value, (dict, list)):
+        if isinstance(value, _LongInteger):
+            raise LpesError(f"spec: the top level is {value!r}")
+        return
+    stack: list[tuple[Any, str, int]] = [(value, "", 0)]
+    while stack:
+        node, where, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            top = where.split(".")[0].split("[")[0]
+            raise LpesError(f"spec: {_show(top) if top else 'the top level'} is nested deeper than {MAX_DEPTH} levels")
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, child in items:
+            name = (f"{where}.{key}" if where else str(key)) if isinstance(node, dict) else f"{where}[{key}]"
+            if isinstance(child, _LongInteger):
+                raise LpesError(f"spec: {_show(name)} is {child!r}")
+            if isinstance(child, (dict, list)):
+                stack.append((child, name, depth + 1))
+
+
+# --- the fields -------------------------------------------------------------------------------------------
+
+
+def _check_keys(data: dict, known: tuple[str, ...], where: str) -> None:
+    for key in data:
+        if key in known:
+            continue
+        place = f" in '{where.rstrip('.')}'" if where else ""
+        close = difflib.get_close_matches(key, known, n=1)
+        hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(known)}"
+        raise LpesError(f"spec: unknown key {_show(key)}{place} ({hint})")
+
+
+def _check_header(data: dict) -> None:
+    if data.get("format", FORMAT) != FORMAT:
+        raise LpesError(f"spec: 'format' is {_show(data['format'])}, expected {FORMAT!r}")
+    version = data.get("version", VERSION)
+    if not _is_int(version):
+        raise LpesError(f"spec: 'version' must be the integer {VERSION}, got {_show(version)}")
+    if version != VERSION:
+        raise LpesError(f"spec: 'version' {version} is not supported (this lpes reads version {VERSION})")
+
+
+def _curve_of(data: dict) -> Curve | None:
+    """The curve, given as 'curve' or as top-level 'control_points' (+ 'degree'), or None."""
+    if "control_points" in data:
+        if "curve" in data:
+            raise LpesError("spec: give the curve once, as 'curve' or as top-level 'control_points', not both")
+        return _parse_curve({k: data[k] for k in CURVE_KEYS if k in data}, "")
+    if "degree" in data:
+        raise LpesError("spec: 'degree' at the top level goes with a top-level 'control_points'; there is none")
+    if data.get("curve") is None:
+        return None
+    return _parse_curve(data["curve"], "curve.")
+
+
+def _parse_curve(data: Any, where: str) -> Curve:
+    """`where` prefixes field names: "curve." for the curve object, "" for top-level control points."""
+    if not isinstance(data, dict) or "control_points" not in data:
+        _check_keys(data if isinstance(data, dict) else {}, CURVE_KEYS, where)
+        raise LpesError(f"spec: '{where.rstrip('.') or 'curve'}' must be an object with 'control_points'")
+    _check_keys(data, CURVE_KEYS, where)
+    name = f"{where}control_points"
+    points = data["control_points"]
+    if not isinstance(points, (list, tuple)) or len(points) < 2:
+        raise LpesError(f"spec: '{name}' must be a list of at least 2 [x, y] points")
+    if len(points) > MAX_DEGREE + 1:  # before any work: 1200 points overflow the binomials
+        raise LpesError(f"spec: '{name}' has {len(points)} points (degree {len(points) - 1}); "
+                        f"the degree must be at most {MAX_DEGREE}")
+    parsed = [_control_point(point, f"{name}[{i}]") for i, point in enumerate(points)]
+    for i in range(1, len(parsed)):
+        if parsed[i][0] < parsed[i - 1][0]:
+            raise LpesError(f"spec: '{name}' x must be non-decreasing (point {i} goes back)")
+    span = parsed[-1][0] - parsed[0][0]
+    if not (math.isfinite(span) and span > 0):  # equal x put every layer at t = 0
+        raise LpesError(f"spec: '{name}' x span (last x - first x) must be finite and > 0, got {span!r}")
+    degree = data.get("degree")
+    if degree is not None:
+        if not _is_int(degree):
+            raise LpesError(f"spec: '{where}degree' must be an integer, got {_show(degree)}")
+        if degree != len(parsed) - 1:
+            raise LpesError(f"spec: '{where}degree' is {degree} but {len(parsed)} control points make degree "
+                            f"{len(parsed) - 1}")
+    return Curve(tuple(parsed))
+
+
+def _control_point(point: Any, name: str) -> tuple[float, float]:
+    if not (isinstance(point, (list, tuple)) and len(point) == 2 and all(_is_number(v) for v in point)):
+        raise LpesError(f"spec: '{name}' must be a pair of numbers [x, y], got {_show(point)}")
+    x, y = point
+    if not math.isfinite(x):
+        raise LpesError(f"spec: '{name}' has x {_show(x)}; it must be finite")
+    if not MIN_SCALE <= y <= MAX_SCALE:
+        raise LpesError(f"spec: '{name}' has scale (y) {_show(y)}; a scale must lie in {_SCALE_RANGE}")
+    return float(x), float(y)
 
 
 def _check_scales(scales: Any, name: str) -> list[float]:
     if not isinstance(scales, (list, tuple)) or not scales:
         raise LpesError(f"spec: '{name}' must be a non-empty list of numbers")
+    if len(scales) > MAX_LAYERS:  # before touching the entries
+        raise LpesError(f"spec: '{name}' has {len(scales)} entries; at most {MAX_LAYERS} layers are supported")
     out = []
     for i, value in enumerate(scales):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise LpesError(f"spec: '{name}[{i}]' must be a number, got {value!r}")
-        if not math.isfinite(value) or value <= 0:
-            raise LpesError(f"spec: '{name}[{i}]' must be finite and > 0, got {value!r}")
+        if not _is_number(value):
+            raise LpesError(f"spec: '{name}[{i}]' must be a number, got {_show(value)}")
+        if not MIN_SCALE <= value <= MAX_SCALE:  # also refuses nan and inf
+            raise LpesError(f"spec: '{name}[{i}]' is {_show(value)}; a scale must lie in {_SCALE_RANGE}")
         out.append(float(value))
     return out
 
 
-def _parse_curve(data: Any, name: str) -> Curve:
-    if not isinstance(data, dict) or "control_points" not in data:
-        raise LpesError(f"spec: '{name}' must be an object with 'control_points'")
-    points = data["control_points"]
-    if not isinstance(points, (list, tuple)) or len(points) < 2:
-        raise LpesError(f"spec: '{name}.control_points' must be a list of at least 2 [x, y] points")
-    parsed = []
-    for i, point in enumerate(points):
-        ok = isinstance(point, (list, tuple)) and len(point) == 2
-        ok = ok and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in point)
-        if not ok or not all(math.isfinite(v) for v in point):
-            raise LpesError(f"spec: '{name}.control_points[{i}]' must be a pair of finite numbers, got {point!r}")
-        if point[1] <= 0:
-            raise LpesError(f"spec: '{name}.control_points[{i}]' has scale (y) {point[1]!r}; it must be > 0")
-        if parsed and point[0] < parsed[-1][0]:
-            raise LpesError(f"spec: '{name}.control_points' x must be non-decreasing (point {i} goes back)")
-        parsed.append((float(point[0]), float(point[1])))
-    degree = data.get("degree")
-    if degree is not None and degree != len(parsed) - 1:
-        made = len(parsed) - 1
-        raise LpesError(f"spec: '{name}.degree' is {degree} but {len(parsed)} control points make degree {made}")
-    return Curve(tuple(parsed))
+def _check_provenance(provenance: Any) -> dict[str, Any]:
+    """Free-form, except the entries other stages read: those must have the type they are read as."""
+    if not isinstance(provenance, dict):
+        raise LpesError(f"spec: 'provenance' must be an object, got {_type_name(provenance)}")
+    for key in ("search", "model", "held_out"):
+        if key in provenance and not isinstance(provenance[key], dict):
+            raise LpesError(f"spec: 'provenance.{key}' must be an object, got {_type_name(provenance[key])}")
+    for key in ("base_model", "lpes_version"):
+        if provenance.get(key) is not None and not isinstance(provenance[key], str):
+            raise LpesError(f"spec: 'provenance.{key}' must be a string, got {_show(provenance[key])}")
+    uniform = provenance.get("search", {}).get("best_uniform_scale")
+    if uniform is not None:
+        if not _is_number(uniform):
+            raise LpesError(f"spec: 'provenance.search.best_uniform_scale' must be a number, got {_show(uniform)}")
+        if not MIN_SCALE <= uniform <= MAX_SCALE:
+            raise LpesError(f"spec: 'provenance.search.best_uniform_scale' is {_show(uniform)}; "
+                            f"a scale must lie in {_SCALE_RANGE}")
+    return provenance
 
 
 def _check_scales_match_curve(scales: tuple[float, ...], curve: Curve) -> None:
     expected = curve.scales(len(scales))
-    worst = max(abs(a - b) / b for a, b in zip(scales, expected))
+    worst = max(abs(a - b) / b for a, b in zip(scales, expected))  # b >= MIN_SCALE > 0
     if worst > 1e-9:
         raise LpesError(f"spec: 'scales' do not match the curve (relative difference {worst:.2e}); fix or drop one")
+
+
+# --- small helpers ----------------------------------------------------------------------------------------
+
+
+def _is_number(value: Any) -> bool:
+    """A real number; JSON true/false decode to bools, which Python counts as ints."""
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _type_name(value: Any) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a bool", type(None): "null"}
+    return names.get(type(value), "a number")
+
+
+def _show(value: Any, limit: int = 60) -> str:
+    """repr, cut short: messages stay one short line whatever the file holds."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}..."

@@ -1,10 +1,15 @@
 import json
+import os
+import stat
+from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from lpes import bezier
 from lpes.errors import LpesError
+from lpes.files import save_atomic, write_bytes_atomic, write_text_atomic
 from lpes.spec import Spec, dump_spec, load_spec, parse_spec
 
 
@@ -107,3 +112,109 @@ def test_missing_and_invalid_files(tmp_path):
 def test_scales_that_disagree_with_curve_are_refused():
     with pytest.raises(LpesError, match="do not match the curve"):
         parse_spec({"scales": [1, 1.2, 3], "curve": {"control_points": [[0, 1], [2, 3]]}})
+
+
+def readme_spec_example() -> dict:
+    """The JSON block of README.md's "The spec file" section, as a user would copy it."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## The spec file", 1)[1]
+    return json.loads(section.split("```json", 1)[1].split("```", 1)[0])
+
+
+def test_the_readme_example_loads(tmp_path):
+    example = readme_spec_example()
+    (tmp_path / "best.json").write_text(json.dumps(example))
+    spec = load_spec(tmp_path / "best.json")
+    assert list(spec.scales) == example["scales"]
+    # The scales are the curve's, computed independently of lpes.bezier (de Casteljau at t = h / 3,
+    # where B_x(t) = 3t because the control-point x are 0, 1, 2, 3).
+    points = example["curve"]["control_points"]
+    assert [p[0] for p in points] == [0, 1, 2, 3]
+    np.testing.assert_allclose(spec.scales, [de_casteljau(points, h / 3)[1] for h in range(4)], rtol=1e-12)
+
+
+def test_provenance_is_free_form_and_survives_the_round_trip(tmp_path):
+    provenance = {"search": {"seed": 7, "best_uniform_scale": 2.5, "scale": "typo-like keys are fine here",
+                             "history": [{"generation": 0, "fitness": 0.5}]},
+                  "held_out": {"unscaled": 0.25, "lpes": 0.75}, "base_model": "org/model", "anything": [1, {"a": None}]}
+    spec = Spec.from_curve([[0, 4.0], [1, 2.25], [2, 1.25], [3, 1.0]], 4, provenance)
+    dump_spec(spec, tmp_path / "best.json")
+    again = load_spec(tmp_path / "best.json")
+    assert again == spec
+    assert again.best_uniform_scale == 2.5 and again.base_model == "org/model"
+    assert Spec.from_scales([1.0]).best_uniform_scale is None and Spec.from_scales([1.0]).base_model is None
+
+
+def test_a_byte_order_mark_is_accepted(tmp_path):
+    (tmp_path / "best.json").write_bytes(b"\xef\xbb\xbf" + json.dumps({"scales": [1.5, 2]}).encode())
+    assert load_spec(tmp_path / "best.json").scales == (1.5, 2.0)
+
+
+def test_the_sane_ranges_include_their_bounds():
+    from lpes.spec import MAX_DEGREE, MAX_LAYERS, MAX_SCALE, MIN_SCALE
+
+    assert Spec.from_scales([MIN_SCALE, 0.5, 1, MAX_SCALE]).scales == (MIN_SCALE, 0.5, 1.0, MAX_SCALE)
+    points = [[i, MIN_SCALE if i % 2 else MAX_SCALE] for i in range(MAX_DEGREE + 1)]
+    scales = Spec.from_curve(points, MAX_LAYERS).scales
+    assert len(scales) == MAX_LAYERS and min(scales) >= MIN_SCALE and max(scales) <= MAX_SCALE
+    with pytest.raises(LpesError, match="degree must be at most"):
+        Spec.from_curve(points + [[MAX_DEGREE + 1, 1.0]], 8)
+    with pytest.raises(LpesError, match="lpes supports 1..4096"):
+        Spec.from_scales([1.0]).for_layers(0)
+
+
+def test_dump_refuses_what_load_would_refuse(tmp_path):
+    spec = Spec.from_scales([1.0, 2.0], {"search": {"best_uniform_scale": "2"}})
+    with pytest.raises(LpesError, match="best_uniform_scale"):
+        dump_spec(spec, tmp_path / "best.json")
+    assert list(tmp_path.iterdir()) == []
+
+
+@contextmanager
+def umask(mask):
+    old = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+@pytest.mark.parametrize("mask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_written_files_follow_the_umask(tmp_path, mask, mode):
+    with umask(mask):
+        write_text_atomic(tmp_path / "a.json", "{}\n")
+        write_bytes_atomic(tmp_path / "sub" / "b.bin", b"\0")
+        save_atomic(tmp_path / "c.png", lambda tmp: tmp.write_bytes(b"png"))
+        dump_spec(Spec.from_scales([1.0]), tmp_path / "best.json")
+    for name in ("a.json", "sub/b.bin", "c.png", "best.json"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == mode, name
+    assert (tmp_path / "a.json").read_text() == "{}\n" and (tmp_path / "c.png").read_bytes() == b"png"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "best.json", "c.png", "sub"]  # no temp files
+
+
+def test_a_failed_save_leaves_the_old_file_and_no_temp_file(tmp_path):
+    target = tmp_path / "plot.png"
+    target.write_bytes(b"old")
+    seen = []
+
+    def broken(tmp):
+        seen.append(tmp.suffix)  # matplotlib picks the format from the temporary name's suffix
+        tmp.write_bytes(b"half")
+        raise RuntimeError("savefig failed")
+
+    with pytest.raises(RuntimeError):
+        save_atomic(target, broken)
+    assert target.read_bytes() == b"old" and seen == [".png"]
+    assert [p.name for p in tmp_path.iterdir()] == ["plot.png"]
+
+
+def test_unwritable_destinations_are_one_line(tmp_path):
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "x").write_text("")
+    with pytest.raises(LpesError, match="cannot write .*taken") as err:
+        write_text_atomic(tmp_path / "taken", "{}")  # a non-empty directory where the file should go
+    assert "\n" not in str(err.value)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(LpesError, match="cannot write"):
+        write_text_atomic(tmp_path / "file" / "x.json", "{}")  # a file where a folder should be
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "taken"]
