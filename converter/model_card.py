@@ -1,57 +1,210 @@
-"""README.md with Hub front matter for a pre-scaled checkpoint."""
+"""README.md with Hub front matter for a pre-scaled checkpoint: what it is, what was measured, how to load it.
+
+A Hub visitor should learn in a minute what the scales do, on which task and at which
+length they were measured against the length the base model was built for, and how they
+compare with the plain baseline (one scale for every layer). The measurements arrive as
+plain data (`Measured`, filled in by the validation stage: the converter never imports
+validation); without them the card states what the search recorded in the spec.
+"""
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
+from lpes.files import write_text_atomic
 from lpes.spec import Spec
 
-CARD = """\
----
-base_model: {base_model}
-tags:
-- lpes
-- rope
-- long-context
-library_name: transformers
-pipeline_tag: text-generation
----
+MODELING_FILE = "modeling_lpes.py"
+# A Hub repo id: owner/name, nothing that looks like a path on this machine.
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
-# {name} with LPES per-layer RoPE scaling
 
-This is {base_link} with **Layer-specific Positional Embedding Scaling** (LPES):
-decoder layer *h* uses RoPE `inv_freq / s_h`, so positions act as `i / s_h`. No weight is
-changed and inference costs the same as the base model. The scales sit in `config.json`
-(`lpes.scales`); `modeling_lpes.py` and `lpes_rope.py` (short, auditable, torch and
-transformers only) apply them.
+@dataclass(frozen=True)
+class Accuracy:
+    """Share of examples answered correctly (0..1), overall and by gold index."""
 
-## Load
+    overall: float
+    by_gold_index: dict[int, float]
 
-```python
+
+@dataclass(frozen=True)
+class Measured:
+    """What key-value validation measured on the converted model."""
+
+    examples: int
+    num_pairs: int
+    prompt_tokens: tuple[int, int]  # shortest and longest prompt, in tokens (0, 0: unknown)
+    unscaled: Accuracy
+    lpes: Accuracy
+    uniform: Accuracy | None = None  # the best uniform scale's (the spec's best_uniform_scale), if scored
+    exports_agreeing: tuple[str, ...] = ()  # exports that gave the reference's answers within their tolerance
+    exports_differing: tuple[str, ...] = ()
+
+
+def hub_id(base_model: str) -> str | None:
+    """`base_model` when it names a Hub repo (owner/name) rather than a bundled model or a local folder."""
+    if not _HUB_ID.match(base_model) or Path(base_model).exists():
+        return None
+    return base_model
+
+
+def write_model_card(out_dir: Path, spec: Spec, base_model: str, config, validation_md: str = "",
+                     measured: Measured | None = None) -> Path:
+    """Write `out_dir/README.md`; `validation_md` is the validation table, `measured` its numbers."""
+    path = Path(out_dir) / "README.md"
+    write_text_atomic(path, model_card(spec, base_model, config, validation_md, measured,
+                               custom_code=(Path(out_dir) / MODELING_FILE).is_file()))
+    return path
+
+
+def model_card(spec: Spec, base_model: str, config, validation_md: str = "", measured: Measured | None = None,
+               *, custom_code: bool = True) -> str:
+    """The card's text (see the module docstring)."""
+    repo = hub_id(base_model)
+    shown = repo or Path(base_model).name  # a local folder by its name only: no paths of this machine
+    name = f"{shown.split('/')[-1]}-lpes"
+    sections = [
+        _front_matter(repo),
+        f"# {name}: {shown} with LPES per-layer RoPE scaling",
+        _intro(shown, repo, custom_code),
+        "## What was measured\n\n" + _measured_text(spec, config, measured),
+        _load_section(name, custom_code),
+        _scales_section(spec),
+    ]
+    if validation_md:
+        sections.append("## Validation\n\n" + validation_md.strip())
+    sections.append(f"Made with lpes {spec.provenance.get('lpes_version', '')}; the full spec is in `lpes_spec.json`.")
+    return "\n\n".join(sections) + "\n"
+
+
+def _front_matter(repo: str | None) -> str:
+    # base_model only when the Hub can resolve it; a bundled or local model is named in the text.
+    lines = ["---"] + ([f"base_model: {repo}"] if repo else [])
+    lines += ["tags:", "- lpes", "- rope", "- long-context", "library_name: transformers",
+              "pipeline_tag: text-generation", "---"]
+    return "\n".join(lines)
+
+
+def _intro(base_model: str, repo: str | None, custom_code: bool) -> str:
+    if repo:
+        base = f"[{repo}](https://huggingface.co/{repo})"
+    elif _is_bundled(base_model):
+        base = f"`{base_model}` (the tiny model bundled with lpes, not on the Hub)"
+    else:
+        base = f"`{base_model}` (a local model, not on the Hub)"
+    how = ("`modeling_lpes.py` and `lpes_rope.py` (short, auditable, torch and transformers only) apply them"
+           if custom_code else "every layer shares one scale, which is stock RoPE: transformers applies it "
+           "with no custom code")
+    return (f"This is {base} with **Layer-specific Positional Embedding Scaling** (LPES): decoder layer *h* "
+            f"uses RoPE `inv_freq / s_h`, so it sees position *i* as *i / s_h*. A scale above 1 lets a layer "
+            f"reach further back without the position bias that makes models lose facts in the middle of a "
+            f"long context. No weight is changed and inference costs the same as the base model. The scales "
+            f"sit in `config.json`; {how}.")
+
+
+def _is_bundled(base_model: str) -> bool:
+    from lpes.converter.loading import bundled_models
+
+    return base_model in bundled_models()
+
+
+def _measured_text(spec: Spec, config, measured: Measured | None) -> str:
+    search = spec.provenance.get("search") if isinstance(spec.provenance.get("search"), dict) else {}
+    trained = getattr(config, "max_position_embeddings", None)
+    if measured is None:
+        return _from_provenance(spec, search, trained)
+    return "\n\n".join([_task_text(measured, trained, search), _finding_text(measured, spec.best_uniform_scale)])
+
+
+def _task_text(m: Measured, trained: int | None, search: dict) -> str:
+    per_index = m.examples // max(len(m.lpes.by_gold_index), 1)
+    text = (f"The task is key-value retrieval: each prompt hides {m.num_pairs} key-value facts, then asks for "
+            f"the value of one of them; an answer is correct when greedy decoding gives that value. The "
+            f"*gold index* is the position of the needed fact among the {m.num_pairs} (0 = the first, farthest "
+            f"from the question). Validation used {m.examples} prompts ({per_index} per gold index)")
+    low, high = m.prompt_tokens
+    if high:
+        text += f" of {low} tokens" if low == high else f" of {low} to {high} tokens"
+    text += "."
+    if trained and high:
+        ratio = high / trained
+        where = (f"{ratio:.1f}x the length it was made for" if ratio > 1.05
+                 else "within the length it was made for")
+        text += (f" The base model's config gives {trained} positions (`max_position_embeddings`): "
+                 f"the prompts are {where}.")
+    if "calibration_examples" in search:
+        text += (f" The scales were found by `lpes-search` on {search['calibration_examples']} other prompts "
+                 f"of the same task (calibration), so none of these was seen by the search.")
+    return text
+
+
+def _finding_text(m: Measured, uniform_scale: float | None) -> str:
+    far = min(m.lpes.by_gold_index)
+    unscaled, lpes = m.unscaled.overall, m.lpes.overall
+    text = (f"Unscaled, the model answers {_pct(unscaled)} of them ({_pct(m.unscaled.by_gold_index[far])} when the "
+            f"fact is the farthest, gold index {far}); with the LPES scales, {_pct(lpes)} "
+            f"({_pct(m.lpes.by_gold_index[far])}).")
+    if m.uniform is not None and uniform_scale is not None:
+        uniform = m.uniform.overall
+        text += (f" The baseline a per-layer curve has to beat is one scale for every layer: the best, s = "
+                 f"{uniform_scale:g}, found by the same search, answers {_pct(uniform)}. ")
+        text += _verdict(lpes, uniform, m.examples)
+    if lpes < unscaled:
+        text += " **These scales make the model worse than it was unscaled on this task.**"
+    if m.exports_agreeing:
+        text += f" The exports in this folder ({', '.join(m.exports_agreeing)}) gave the same answers as the reference."
+    if m.exports_differing:
+        text += f" **{', '.join(m.exports_differing)} answered differently from the reference** (see the table)."
+    return text
+
+
+def _verdict(lpes: float, uniform: float, examples: int) -> str:
+    if abs(lpes - uniform) * examples < 0.5:  # the same number of right answers
+        return ("**The per-layer curve matches the uniform baseline here; it does not beat it**: on this task "
+                "one scale does as well, and the curve's gain over the unscaled model is what a uniform "
+                "scale gives too.")
+    if lpes > uniform:
+        return f"The per-layer curve beats it by {100 * (lpes - uniform):.1f} points."
+    return (f"**The per-layer curve is {100 * (uniform - lpes):.1f} points below it**: on this task the uniform "
+            f"scale s is the better choice.")
+
+
+def _from_provenance(spec: Spec, search: dict, trained: int | None) -> str:
+    held = spec.provenance.get("held_out")
+    if not search or not isinstance(held, dict):
+        return "These scales carry no search record and were not validated here; see `lpes_spec.json`."
+    text = (f"The scales were found by `lpes-search` on {search.get('calibration_examples', '?')} key-value "
+            f"retrieval prompts (`{search.get('data') or 'the model folder default task'}`): each hides facts in "
+            f"a long context and asks for one. On {held.get('examples', '?')} held-out prompts the search "
+            f"measured {_pct(held.get('unscaled'))} correct unscaled and {_pct(held.get('lpes'))} with the scales")
+    if spec.best_uniform_scale is not None and "best_uniform_fitness" in search:
+        text += (f"; on its calibration prompts the curve scored {_pct(search.get('fitness'))} and the best single "
+                 f"scale for every layer (s = {spec.best_uniform_scale:g}) {_pct(search['best_uniform_fitness'])}")
+    text += "."
+    if trained:
+        text += f" The base model's config gives {trained} positions (`max_position_embeddings`)."
+    return text
+
+
+def _load_section(name: str, custom_code: bool) -> str:
+    trust = ", trust_remote_code=True" if custom_code else ""
+    # trust_remote_code for the tokenizer too: it reads config.json, whose custom model_type would
+    # otherwise make transformers stop and ask on the terminal.
+    snippet = f"""```python
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-model = AutoModelForCausalLM.from_pretrained("{name}", trust_remote_code=True)
-tokenizer = AutoTokenizer.from_pretrained("{name}")
-```
-
-Without `trust_remote_code=True` loading fails on purpose: the unscaled model must never run
-silently in its place.
-
-## Scales
-
-![LPES curve](lpes_curve.png)
-
-{curve_line}
-
-| layer | scale |
-|---|---|
-{rows}
-{validation}
-Made with lpes {lpes_version}; the full spec is in `lpes_spec.json`.
-"""
+path = "{name}"  # this folder, or the Hub repo it was uploaded to
+model = AutoModelForCausalLM.from_pretrained(path{trust})
+tokenizer = AutoTokenizer.from_pretrained(path{trust})
+```"""
+    note = ("\n\nWithout `trust_remote_code=True` loading fails on purpose: the unscaled model must never run "
+            "silently in its place." if custom_code else "")
+    return "## Load\n\n" + snippet + note
 
 
-def write_model_card(out_dir: Path, spec: Spec, base_model: str, config, validation_md: str = "") -> Path:
+def _scales_section(spec: Spec) -> str:
     curve = spec.curve
     curve_line = (
         f"Bezier curve of degree {curve.degree}, control points {[list(p) for p in curve.control_points]}."
@@ -59,17 +212,8 @@ def write_model_card(out_dir: Path, spec: Spec, base_model: str, config, validat
         else "Scales given directly (no curve)."
     )
     rows = "\n".join(f"| {h} | {s:.4f} |" for h, s in enumerate(spec.scales))
-    validation = f"\n## Validation\n\n{validation_md}\n" if validation_md else ""
-    text = CARD.format(
-        base_model=base_model,
-        # Only a Hub id (owner/name) gets a link; a local folder or bundled name does not resolve there.
-        base_link=f"[{base_model}](https://huggingface.co/{base_model})" if base_model.count("/") == 1 else base_model,
-        name=out_dir.name if not base_model else f"{base_model.split('/')[-1]}-lpes",
-        curve_line=curve_line,
-        rows=rows,
-        validation=validation,
-        lpes_version=spec.provenance.get("lpes_version", ""),
-    )
-    path = out_dir / "README.md"
-    path.write_text(text)
-    return path
+    return f"## Scales\n\n![LPES curve](lpes_curve.png)\n\n{curve_line}\n\n| layer | scale |\n|---|---|\n{rows}"
+
+
+def _pct(value) -> str:
+    return f"{100 * value:.0f}%" if isinstance(value, (int, float)) else "?"

@@ -1,10 +1,23 @@
-"""PNG plots shared by the stages (matplotlib, headless)."""
+"""PNG plots shared by the stages (matplotlib, headless), each written atomically.
+
+Each plot is meant to be read without the paper: a title that says what was measured and
+on what, axes with units, the legend outside the data, and lines that stay visible where
+they coincide (distinct markers, small sideways offsets).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from lpes.files import save_atomic
 from lpes.spec import Spec
+
+if TYPE_CHECKING:
+    from lpes.validation.report import ValidationReport, VariantResult
+
+_MAX_LABELLED_TICKS = 32  # beyond this many layers, label every k-th so the numbers stay legible
 
 
 def _pyplot():
@@ -16,40 +29,216 @@ def _pyplot():
     return plt
 
 
-def plot_curve(spec: Spec, path: Path, title: str = "LPES scales by layer") -> Path:
-    """Scale per layer, with the Bezier control points when the spec has a curve."""
+def _save(fig, path: Path) -> Path:
+    # bbox_inches="tight" keeps the legends placed outside the axes inside the image.
+    save_atomic(path, lambda tmp: fig.savefig(tmp, bbox_inches="tight"))
+    _pyplot().close(fig)
+    return Path(path)
+
+
+def _legend_below(ax, columns: int = 2) -> None:
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=columns, frameon=False, fontsize="small")
+
+
+# ---- the curve ----
+
+
+def layer_positions(spec: Spec) -> list[float]:
+    """Where each layer sits on the curve's x axis: x_h = P0.x + (Pd.x - P0.x) h / (L - 1)."""
+    count = len(spec.scales)
+    if spec.curve is None:
+        return [float(h) for h in range(count)]
+    first, last = spec.curve.control_points[0][0], spec.curve.control_points[-1][0]
+    return [first + (last - first) * h / max(count - 1, 1) for h in range(count)]
+
+
+def plot_curve(spec: Spec, path: Path, title: str = "LPES: the RoPE scale of each decoder layer") -> Path:
+    """Scale per layer, the Bezier control points (each labelled), s = 1 and the best uniform scale."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
-    layers = list(range(len(spec.scales)))
-    ax.plot(layers, spec.scales, "o-", label="s_h (per layer)")
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=100)
+    xs = layer_positions(spec)
+    ax.axhline(1.0, color="black", linewidth=0.8, label="s = 1: the model's own RoPE")
+    uniform = spec.best_uniform_scale
+    if uniform is not None:  # a wide pale band: still visible where the curve runs along it
+        ax.axhline(uniform, color="C1", linewidth=6, alpha=0.3,
+                   label=f"best uniform scale s = {uniform:g} (one scale for every layer)")
     if spec.curve is not None:
-        xs, ys = zip(*spec.curve.control_points)
-        ax.plot(xs, ys, "s--", color="gray", alpha=0.6, label="control points")
-    ax.axhline(1.0, color="black", linewidth=0.5)
-    ax.set_xlabel("decoder layer")
-    ax.set_ylabel("RoPE scale s")
-    ax.set_title(title)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+        _draw_control_points(ax, spec.curve.control_points)
+        import numpy as np
+
+        from lpes.bezier import bernstein
+
+        curve = bernstein(np.asarray(spec.curve.control_points), np.linspace(0.0, 1.0, 200))
+        ax.plot(curve[:, 0], curve[:, 1], "-", color="C0", linewidth=1.2, alpha=0.7, label="Bezier curve B(t)")
+    # Markers alone when a curve is drawn: the scales are read off it at the layers, nothing lies between.
+    ax.plot(xs, spec.scales, "o" if spec.curve is not None else "o-", color="C0", markersize=8, zorder=3,
+            label="s_h: scale of layer h (its positions act as i / s_h)")
+    _layer_ticks(ax, xs)
+    ax.margins(x=0.12)  # room for the control points' labels at both ends
+    ax.set_xlabel("decoder layer h (0 = first, nearest the embeddings)")
+    ax.set_ylabel("RoPE scale s_h (factor; 1 = unscaled)")
+    top = max([*spec.scales, 1.0, uniform or 1.0, *(y for _, y in (spec.curve.control_points if spec.curve else []))])
+    ax.set_ylim(0, top * 1.15)
+    model = spec.base_model
+    subtitle = f"{model}, {len(spec.scales)} layers" if model else f"{len(spec.scales)} layers"
+    if spec.curve is not None:
+        subtitle += f"; Bezier curve of degree {spec.curve.degree}"
+    ax.set_title(f"{title}\n{subtitle}", fontsize="medium")
+    ax.grid(alpha=0.3)
+    _legend_below(ax, columns=1)
+    return _save(fig, path)
 
 
-def plot_fitness(history: list[dict], path: Path) -> Path:
-    """Best and mean calibration fitness per generation of a search."""
+def _layer_ticks(ax, xs: Sequence[float]) -> None:
+    step = max(1, -(-len(xs) // _MAX_LABELLED_TICKS))
+    ticks = list(range(0, len(xs), step))
+    ax.set_xticks([xs[h] for h in ticks], [str(h) for h in ticks])
+
+
+def _draw_control_points(ax, points: Sequence[Sequence[float]]) -> None:
+    """The control polygon, with P_k labels; points at one x get their labels stacked, not overlaid."""
+    xs, ys = zip(*points)
+    # Hollow and larger than the layer markers, so a control point on the curve stays visible.
+    ax.plot(xs, ys, "s--", color="gray", markerfacecolor="none", markersize=11, markeredgewidth=1.2, zorder=4,
+            label="Bezier control points P_k (the curve bends towards them)")
+    stacked: dict[float, int] = {}
+    for k, (x, y) in enumerate(points):
+        row = stacked.get(round(x, 9), 0)
+        stacked[round(x, 9)] = row + 1
+        ax.annotate(f"P{k} ({x:g}, {y:g})", (x, y), xytext=(8, 6 + 11 * row), textcoords="offset points",
+                    fontsize="x-small", color="dimgray",
+                    arrowprops={"arrowstyle": "-", "color": "lightgray"} if row else None)
+
+
+# ---- the search ----
+
+
+def plot_fitness(history: list[dict], path: Path, *, uniform: dict | None = None, examples: int | None = None,
+                 model: str | None = None) -> Path:
+    """Calibration accuracy per generation (parents' best, fully scored children's mean), and the work done.
+
+    `uniform` is the search's uniform scan ({"scale", "fitness"}), drawn as the baseline the
+    search starts from; `examples` the calibration set's size, for the title.
+    """
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5.6), dpi=100, sharex=True,
+                                      gridspec_kw={"height_ratios": [3, 2]})
     generations = [h["generation"] for h in history]
-    ax.plot(generations, [h["best"] for h in history], "o-", label="best (parents)")
+    if uniform is not None:
+        # A wide pale band: still visible where the best parent sits exactly on it.
+        top.axhline(uniform["fitness"], color="C1", linewidth=6, alpha=0.3,
+                    label=f"best uniform scale s = {uniform['scale']:g} (generation 0 starts from it)")
+    top.plot(generations, [h["best"] for h in history], "o-", color="C0", zorder=3,
+             label="best parent (the curve kept so far)")
     means = [(h["generation"], h["mean_scored"]) for h in history if h["mean_scored"] is not None]
     if means:
-        ax.plot(*zip(*means), "s--", alpha=0.7, label="mean of fully scored children")
-    ax.set_xlabel("generation")
-    ax.set_ylabel("fitness (Eq. 7)")
-    ax.set_ylim(-0.02, 1.02)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+        top.plot(*zip(*means), "s--", color="C2", alpha=0.8, label="mean of the children scored in full")
+    top.set_ylabel("calibration accuracy\n(fitness, share correct)")
+    top.set_ylim(-0.03, 1.08)
+    top.grid(alpha=0.3)
+    top.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize="small")
+    _plot_work(bottom, history)
+    on = f" on {model}" if model else ""
+    size = f"{examples} calibration examples, " if examples else ""
+    top.set_title(f"lpes-search{on}: calibration accuracy by generation\n"
+                  f"({size}{len(history) - 1} generations after generation 0)", fontsize="medium")
+    return _save(fig, path)
+
+
+def _plot_work(ax, history: list[dict]) -> None:
+    """Candidates per generation: scored in full, raced out early, skipped as duplicates (stacked bars)."""
+    generations = [h["generation"] for h in history]
+    scored = [h["scored"] for h in history]
+    raced = _per_generation([h["raced_out"] for h in history])  # the history keeps running totals
+    duplicates = _per_generation([h["duplicates_skipped"] for h in history])
+    ax.bar(generations, scored, color="C0", label="scored on every example")
+    ax.bar(generations, raced, bottom=scored, color="C1", alpha=0.7, label="raced out (could not become a parent)")
+    ax.bar(generations, duplicates, bottom=[a + b for a, b in zip(scored, raced)], color="lightgray",
+           label="skipped (scales already met)")
+    ax.set_ylabel("candidates")
+    ax.set_xlabel("generation (0 includes the uniform scan)")
+    ax.set_xticks(generations)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize="small")
+
+
+def _per_generation(totals: Sequence[int]) -> list[int]:
+    return [now - before for before, now in zip([0, *totals], totals)]
+
+
+# ---- validation ----
+
+_EXPORT_LABELS = {
+    "hf": "LPES, Hub folder (trust_remote_code)",
+    "onnx": "LPES, ONNX in onnxruntime",
+    "genai": "LPES, onnxruntime-genai",
+    "tensorrt": "LPES, TensorRT engine",
+}
+_MARKERS = "^v<>ph*"
+
+
+def variant_label(variant: VariantResult) -> str:
+    """A name a reader knows: what ran, and that it is LPES."""
+    from lpes.validation.report import REFERENCE, UNIFORM, UNSCALED
+
+    if variant.name == UNSCALED:
+        return "unscaled model (PyTorch)"
+    if variant.name == REFERENCE:
+        return "LPES (PyTorch reference)"
+    if variant.name.startswith(UNIFORM):
+        return f"best uniform scale, {variant.name[len(UNIFORM):].strip()} (PyTorch)"
+    return _EXPORT_LABELS.get(variant.name, f"LPES, {variant.name} export")
+
+
+def _variant_style(variant: VariantResult, n: int) -> dict:
+    from lpes.validation.report import REFERENCE, UNIFORM, UNSCALED
+
+    if variant.name == UNSCALED:
+        return {"marker": "o", "linestyle": "--", "color": "gray"}
+    if variant.name == REFERENCE:
+        return {"marker": "s", "linestyle": "-", "color": "C0", "markersize": 8}
+    if variant.name.startswith(UNIFORM):
+        return {"marker": "D", "linestyle": "-.", "color": "C1"}
+    # Exports: hollow markers, so one that sits on the reference leaves the reference visible.
+    return {"marker": _MARKERS[n % len(_MARKERS)], "linestyle": ":", "color": f"C{2 + n}",
+            "markerfacecolor": "none", "markeredgewidth": 1.5}
+
+
+def plot_accuracy(report: ValidationReport, path: Path) -> Path:
+    """Accuracy against gold index, one line per scored variant, with the data set in the title."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.6), dpi=100)
+    gold = report.gold_indices
+    scored = [v for v in report.variants if v.scores is not None]
+    # Identical results would draw one line over another: shift each variant a little sideways.
+    gap = min((b - a for a, b in zip(gold, gold[1:])), default=1)
+    step = 0.5 * gap / max(len(scored), 1)
+    exports = 0
+    for i, v in enumerate(scored):
+        by_index = v.scores.accuracy_by_gold_index()
+        offset = (i - (len(scored) - 1) / 2) * step
+        style = _variant_style(v, exports)
+        exports += style["linestyle"] == ":"
+        ax.plot([g + offset for g in by_index], [100 * a for a in by_index.values()],
+                label=f"{variant_label(v)}: {100 * v.scores.accuracy:.1f}% overall", **style)
+    ax.set_xticks(gold)
+    pairs = report.examples[0].num_pairs if report.examples else None
+    among = f" among the {pairs}" if pairs else ""
+    ax.set_xlabel(f"gold index: position of the needed fact{among} (0 = first, farthest from the query)")
+    ax.set_ylabel("accuracy (% answered correctly)")
+    ax.set_ylim(-4, 108)
+    ax.grid(alpha=0.3)
+    ax.set_title(f"Key-value retrieval accuracy by position\n{_data_caption(report)}", fontsize="medium")
+    _legend_below(ax, columns=1)
+    return _save(fig, path)
+
+
+def _data_caption(report: ValidationReport) -> str:
+    total, gold = len(report.examples), report.gold_indices
+    caption = f"{report.model}: {total} examples ({total // max(len(gold), 1)} per gold index)"
+    if report.examples:
+        caption += f", {report.examples[0].num_pairs} facts each"
+    if report.prompt_tokens:
+        low, high = min(report.prompt_tokens), max(report.prompt_tokens)
+        caption += f", prompts of {low} tokens" if low == high else f", prompts of {low}-{high} tokens"
+    return caption + ", greedy decoding"
