@@ -2,7 +2,7 @@
 
 The task is `lpes.validation.tiny_kv` (one token per key-value fact, a query token,
 the answer token predicted at the last position). The recipe follows
-shared/docs/tiny-model-notes.md: a Llama of 4 layers, hidden 128; embeddings
+docs/tiny-model-notes.md: a Llama of 4 layers, hidden 128; embeddings
 initialised compositionally; a length curriculum up to 256 positions; AdamW.
 
     python demo/train_tiny_kv.py                       # train, save, evaluate

@@ -68,6 +68,10 @@ def _readme(dtype: str, missing: str | None, onnx_rel: str) -> str:
     )
     return f"""# TensorRT engine ({dtype})
 
+**Experimental: never built here.** lpes's TensorRT path has not yet built or run an engine on
+any machine of the lpes project (none can install TensorRT); its API use was checked against
+the TensorRT 11.4 Python bindings. Check the engine's answers (lpes-validate) before relying on it.
+
 {status}
 
 A TensorRT engine runs only on the GPU model and the TensorRT version that built it.

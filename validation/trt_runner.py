@@ -1,7 +1,9 @@
 """Running an lpes TensorRT engine: one step, and greedy generation through its KV cache.
 
-The same interface as `ort_runner.OrtCausalLM` (`greedy`, `greedy_with_logits`, `forward`,
-`provider`), so the parity and key-value checks run on an engine unchanged.
+Experimental: never run here (no machine of this project can install TensorRT). The same
+interface as `ort_runner.OrtCausalLM` (`greedy`, `greedy_with_logits`, `forward`, `provider`),
+so the key-value validation (`lpes-validate`) runs on an engine unchanged; the logit parity
+check (`validation/parity.py`) runs on the ONNX export in onnxruntime only.
 
 Buffers are torch CUDA tensors: TensorRT reads and writes device memory by address, and
 torch is already a dependency, so no second CUDA binding is needed. Each step's `present`
