@@ -1,12 +1,13 @@
 # make demo: search -> convert (hf, onnx) -> validate on the bundled model, from a fresh machine.
 # make test: install and run ruff and the test suite.
+# make compat: a second venv with optimum-onnx on transformers 4.x loads lpes's ONNX folder (not part of make test).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 TORCH  := torch==2.13.0
 DEMO   := demo-out
 
-.PHONY: install test lint demo bench clean
+.PHONY: install test lint demo bench compat clean
 
 install: $(VENV)/.installed
 
@@ -53,9 +54,20 @@ demo: install
 	@echo "  $(DEMO)/lpes-tiny-kv-lpes/validation.json             every prompt's answer per variant"
 	@echo "  $(BIN)/lpes-generate $(DEMO)/lpes-tiny-kv-lpes \"p3_1 f2 q3\" --max-new-tokens 1   (prints a1)"
 
+# optimum-onnx 0.1.0 needs transformers < 4.58: its own venv, torch first (CPU build where there is no GPU).
+COMPAT     := .venv-compat
+COMPAT_OUT := compat-out
+compat: install
+	test -x $(COMPAT)/bin/python || $(PYTHON) -m venv $(COMPAT)
+	$(MAKE) --no-print-directory torch BIN=$(COMPAT)/bin
+	$(COMPAT)/bin/pip install --quiet "optimum-onnx[onnxruntime]==0.1.0" "transformers<4.58"
+	$(BIN)/lpes-convert lpes-tiny-kv --curve compat/lpes-tiny-kv-spec.json --to hf,onnx --out $(COMPAT_OUT)/lpes-tiny-kv-lpes --force --no-validate
+	$(BIN)/python compat/expected_tokens.py $(COMPAT_OUT)/lpes-tiny-kv-lpes $(COMPAT_OUT)/expected.json
+	$(COMPAT)/bin/python compat/check_optimum.py $(COMPAT_OUT)/lpes-tiny-kv-lpes/onnx $(COMPAT_OUT)/expected.json
+
 bench: install
 	$(BIN)/python bench/bench_onnx_latency.py
 	$(BIN)/python bench/bench_search.py
 
 clean:
-	rm -rf $(VENV) $(DEMO) .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(DEMO) $(COMPAT) $(COMPAT_OUT) .pytest_cache .ruff_cache *.egg-info

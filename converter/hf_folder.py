@@ -1,58 +1,105 @@
-"""A Hub-ready folder: the base weights unchanged, the scales in config.json, code wired by auto_map.
+"""A Hub-ready folder: the base weights unchanged, the scales in config.json.
+
+Two kinds, chosen by the scales:
+
+- **Stock RoPE** where it is exact: every layer that shares a rotary has the same scale `s`
+  and the model's RoPE type composes with `inv_freq / s` into a stock type (see
+  `stock_rope_parameters`). config.json is the base config with new `rope_parameters`; no
+  custom code, so transformers (without trust_remote_code), vLLM, TensorRT-LLM and
+  llama.cpp's converter run it natively.
+- **Per-layer LPES** otherwise, with a loud failure on a plain load:
 
     out/
       config.json          base config + model_type "lpes_<base>", "lpes": {scales, curve, layout}, auto_map
-      modeling_lpes.py     a short subclass of the base model class (audit it before trusting it)
+      modeling_lpes.py     LpesModel (AutoModel) and LpesForCausalLM, short subclasses (audit before trusting)
       lpes_rope.py         the per-layer RoPE implementation, copied verbatim from lpes
-      model*.safetensors   hard links to the base weights (copied across filesystems), never re-serialised
-      tokenizer files, generation_config.json, chat template   copied
-      lpes_spec.json, lpes_curve.png, README.md (model card)
+
+Both hold: model*.safetensors as hard links to the base weights (copied across
+filesystems, never re-serialised); tokenizer files that transformers 4.x and 5 both read;
+generation_config.json, chat template; lpes_spec.json, lpes_curve.png, README.md (model card).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from lpes.converter import lpes_rope
 from lpes.converter.architectures import architecture_for
-from lpes.converter.loading import load_config
+from lpes.converter.loading import PICKLE_SUFFIXES, load_config
 from lpes.converter.model_card import write_model_card
 from lpes.converter.modeling_template import MODELING_LPES
+from lpes.converter.portable_files import COPIED_TOKENIZER_FILES, write_config_json, write_tokenizer_files
 from lpes.errors import LpesError
+from lpes.files import write_text_atomic
 from lpes.plots import plot_curve
-from lpes.spec import Spec, dump_spec, write_text_atomic
+from lpes.spec import Spec, dump_spec
 
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
-WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
-NOT_COPIED = {"config.json", "README.md", ".gitattributes"}
+WEIGHT_SUFFIXES = (".safetensors", ".gguf")  # pickles (.bin, .pt) are never copied: unpickling can run code
+WEIGHT_INDEXES = ("model.safetensors.index.json",)
+NOT_COPIED = {"config.json", "README.md", ".gitattributes", *COPIED_TOKENIZER_FILES}
+MODELING_FILE = "modeling_lpes.py"
+ROPE_FILE = "lpes_rope.py"
 
 
-def write_hf_folder(model_path: Path, spec: Spec, out_dir: Path, base_model: str, lpes_version: str) -> Path:
+@dataclass(frozen=True)
+class HubFolderWritten:
+    path: Path
+    stock_rope: bool  # True: a stock config that loads without custom code
+    note: str  # one line for the command line: which kind was written and how to load it
+
+
+def write_hf_folder(
+    model_path: Path, spec: Spec, out_dir: Path, base_model: str, lpes_version: str
+) -> HubFolderWritten:
     """Write the Hub folder for `model_path` + `spec` into `out_dir` (which must exist)."""
     config = load_config(model_path)
     if getattr(config, "auto_map", None):
         raise LpesError(f"{model_path} is itself custom code (auto_map); lpes wraps only built-in transformers models")
-    spec = spec.for_layers(config.num_hidden_layers)
-    _link_or_copy_files(model_path, out_dir)
-    _write_config(model_path, spec, out_dir, config)
     base_class = (config.architectures or [None])[0]
     if not base_class or not base_class.endswith("ForCausalLM"):
         raise LpesError(f"config.json 'architectures' is {config.architectures!r}; expected a *ForCausalLM class")
-    modeling = MODELING_LPES.format(
-        base_class=base_class,
-        base_model_type=config.model_type,
-        lpes_model_type=lpes_model_type(config.model_type),
-        lpes_version=lpes_version,
-    )
-    (out_dir / "modeling_lpes.py").write_text(modeling)
-    shutil.copyfile(lpes_rope.__file__, out_dir / "lpes_rope.py")
+    spec = spec.for_layers(config.num_hidden_layers)
+    data = json.loads((model_path / "config.json").read_text())
+    layout = architecture_for(config).patch_kwargs(config)
+    stock = stock_rope_parameters(copy.deepcopy(dict(config.rope_parameters)), spec.scales, layout["layer_types"])
+    _link_or_copy_files(model_path, out_dir)
+    write_tokenizer_files(model_path, out_dir)
+    if stock is not None:
+        data = _stock_config(data, stock, spec, lpes_version)
+        note = f"one scale per rotary is stock RoPE: config.json {_describe(stock)}, no custom code"
+    else:
+        data = _lpes_config(data, spec, config, base_class, layout, lpes_version)
+        write_text_atomic(out_dir / MODELING_FILE, render_modeling(data))
+        shutil.copyfile(lpes_rope.__file__, out_dir / ROPE_FILE)
+        note = "per-layer scales: modeling_lpes.py + lpes_rope.py, load with trust_remote_code=True"
+    write_config_json(data, out_dir / "config.json")
     dump_spec(spec, out_dir / "lpes_spec.json")
     plot_curve(spec, out_dir / "lpes_curve.png")
     write_model_card(out_dir, spec, base_model, config)
-    return out_dir
+    return HubFolderWritten(out_dir, stock is not None, note)
+
+
+def render_modeling(config: dict[str, Any]) -> str:
+    """The modeling_lpes.py for a written config.json (`config`): what a folder must hold, byte for byte."""
+    lpes = config["lpes"]
+    return MODELING_LPES.format(
+        base_class=lpes["base_architecture"],
+        base_model_class=lpes["base_model_class"],
+        base_model_type=lpes["base_model_type"],
+        lpes_model_type=config["model_type"],
+        lpes_version=lpes["lpes_version"],
+    )
+
+
+def uses_custom_code(folder: Path) -> bool:
+    """Whether a written Hub folder needs trust_remote_code (per-layer LPES) or is a stock config."""
+    return bool(json.loads((Path(folder) / "config.json").read_text()).get("auto_map"))
 
 
 def lpes_model_type(base_model_type: str) -> str:
@@ -60,30 +107,126 @@ def lpes_model_type(base_model_type: str) -> str:
     return f"lpes_{base_model_type}"
 
 
-def _write_config(model_path: Path, spec: Spec, out_dir: Path, config) -> None:
-    data = json.loads((model_path / "config.json").read_text())
-    layout = architecture_for(config).patch_kwargs(config)
+def stock_rope_parameters(
+    rope_parameters: dict[str, Any], scales: list[float] | tuple[float, ...], layer_types: list[str] | None
+) -> dict[str, Any] | None:
+    """Stock rope_parameters equal to LPES with `scales`, or None where no stock type is exact.
+
+    Exact only when every layer that shares a rotary shares a scale (all layers; with
+    per-layer-type RoPE as in Gemma 3, all layers of one type) and that rotary's type composes.
+    """
+    if layer_types is None:
+        if len(set(scales)) != 1:
+            return None
+        return compose_rope(rope_parameters, float(scales[0]))
+    composed = {}
+    for layer_type, params in rope_parameters.items():
+        type_scales = {s for s, t in zip(scales, layer_types) if t == layer_type}
+        if len(type_scales) > 1:
+            return None
+        scale = float(type_scales.pop()) if type_scales else 1.0
+        composed[layer_type] = compose_rope(params, scale)
+        if composed[layer_type] is None:
+            return None
+    return composed
+
+
+def compose_rope(params: dict[str, Any], scale: float) -> dict[str, Any] | None:
+    """One rotary's stock rope_parameters for `inv_freq / scale` on top of `params`, or None if none is exact.
+
+    LPES divides the rotary's current inv_freq by `scale` and keeps its attention factor.
+    - default: inv_freq / s is rope_type linear, factor s.
+    - linear (factor f): inv_freq / f / s is linear with factor f * s.
+    - longrope: inv_freq = 1 / (ext * theta^(2i/d)) with ext the short or the long factors
+      (picked by sequence length); dividing by s is multiplying both lists by s, and the
+      attention factor depends only on factor / original_max_position_embeddings, unchanged.
+    - yarn, llama3: they interpolate only the low frequencies and keep the high ones as they
+      are; inv_freq / s moves the high ones too, which neither type can express. dynamic
+      recomputes theta from the sequence length, which no factor on top can follow. None.
+    """
+    if scale == 1.0:
+        return dict(params)
+    rope_type = params.get("rope_type", "default")
+    if rope_type == "default":
+        return {**params, "rope_type": "linear", "factor": scale}
+    if rope_type == "linear":
+        return {**params, "factor": float(params["factor"]) * scale}
+    if rope_type == "longrope":
+        return {
+            **params,
+            "short_factor": [float(f) * scale for f in params["short_factor"]],
+            "long_factor": [float(f) * scale for f in params["long_factor"]],
+        }
+    return None
+
+
+def _describe(rope_parameters: dict[str, Any]) -> str:
+    def one(params: dict[str, Any]) -> str:
+        rope_type = params.get("rope_type", "default")
+        factor = f", factor {params['factor']:g}" if rope_type == "linear" else ""
+        return f"rope_type {rope_type}{factor}"
+
+    if "rope_type" in rope_parameters or "rope_theta" in rope_parameters:
+        return one(rope_parameters)
+    return "; ".join(f"{layer_type}: {one(params)}" for layer_type, params in rope_parameters.items())
+
+
+def _stock_config(data: dict[str, Any], rope_parameters: dict[str, Any], spec: Spec, lpes_version: str) -> dict:
+    data = dict(data)
+    data.pop("rope_scaling", None)  # a 4.x field transformers 5 would read instead of rope_parameters
+    data["rope_parameters"] = rope_parameters
+    data["lpes"] = {"stock_rope": True, **_spec_fields(spec), "lpes_version": lpes_version}
+    return data
+
+
+def _lpes_config(data: dict[str, Any], spec: Spec, config, base_class: str, layout: dict, lpes_version: str) -> dict:
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    base_model_class = MODEL_MAPPING_NAMES.get(config.model_type)
+    if base_model_class is None:
+        raise LpesError(f"transformers has no base model class (AutoModel) for model type {config.model_type!r}")
+    prefix = getattr(transformers, base_class).base_model_prefix
+    data = dict(data)
     data["lpes"] = {
-        "scales": list(spec.scales),
-        "curve": spec.curve.to_json() if spec.curve else None,
+        **_spec_fields(spec),
         "base_model_type": config.model_type,
+        "base_architecture": base_class,
+        "base_model_class": base_model_class,
+        "lpes_version": lpes_version,
+        # Paths inside the base model, which LpesModel is and LpesForCausalLM holds.
         **layout,
+        "layers_path": _inside_base_model(layout["layers_path"], prefix),
+        "rotary_path": _inside_base_model(layout["rotary_path"], prefix),
     }
     data["model_type"] = lpes_model_type(config.model_type)
     data["architectures"] = ["LpesForCausalLM"]
+    # AutoConfig first, then AutoModel: vLLM imports them in this order and builds AutoModel.
     data["auto_map"] = {
         "AutoConfig": "modeling_lpes.LpesConfig",
+        "AutoModel": "modeling_lpes.LpesModel",
         "AutoModelForCausalLM": "modeling_lpes.LpesForCausalLM",
     }
-    write_text_atomic(out_dir / "config.json", json.dumps(data, indent=2) + "\n")
+    return data
+
+
+def _spec_fields(spec: Spec) -> dict[str, Any]:
+    return {"scales": list(spec.scales), "curve": spec.curve.to_json() if spec.curve else None}
+
+
+def _inside_base_model(path: str, base_model_prefix: str) -> str:
+    head, _, rest = path.partition(".")
+    if head != base_model_prefix or not rest:
+        raise LpesError(f"{path} is not inside the base model ({base_model_prefix}); fix converter/architectures.py")
+    return rest
 
 
 def _link_or_copy_files(model_path: Path, out_dir: Path) -> None:
     for source in sorted(model_path.iterdir()):
         if not source.is_file() or source.name in NOT_COPIED or source.name.startswith("."):
             continue
-        if source.suffix == ".py":
-            continue  # base-model custom code is refused above; stray scripts are not part of the model
+        if source.suffix == ".py" or source.name.endswith(PICKLE_SUFFIXES) or source.name.endswith(".bin.index.json"):
+            continue  # custom code is refused above, stray scripts are not part of the model, pickles may run code
         target = out_dir / source.name
         if source.suffix in WEIGHT_SUFFIXES or source.name in WEIGHT_INDEXES:
             _link_or_copy(source, target)

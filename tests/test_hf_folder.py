@@ -64,7 +64,8 @@ def test_folder_layout_and_weights_untouched(tmp_path, spec_file):
     assert (out / "model.safetensors").read_bytes() == (base / "model.safetensors").read_bytes()
     assert os.stat(out / "model.safetensors").st_ino == os.stat(base / "model.safetensors").st_ino
     card = (out / "README.md").read_text()
-    assert card.startswith("---\nbase_model:") and "- lpes" in card and "library_name: transformers" in card
+    # A local base folder is no Hub id: no base_model in the front matter (the Hub would not resolve it).
+    assert card.startswith("---\ntags:") and "- lpes" in card and "library_name: transformers" in card
     assert "| 2 | 3.0000 |" in card
     from lpes.converter import lpes_rope
     assert (out / "lpes_rope.py").read_text() == open(lpes_rope.__file__).read()
@@ -170,3 +171,66 @@ def test_spec_from_another_model_warns(tmp_path, capsys):
     dump_spec(spec, tmp_path / "other.json")
     assert convert(base, "--curve", tmp_path / "other.json", "--to", "hf", "--out", tmp_path / "out") == 0
     assert "searched on another model (different architecture)" in capsys.readouterr().err
+
+
+def test_tokenizer_files_read_the_same_in_transformers_4_and_5(tmp_path, spec_file):
+    """TokenizersBackend (a transformers-5 name) becomes PreTrainedTokenizerFast, with 5's input names."""
+    from conftest import tiny_model_dir
+    from transformers import AutoTokenizer
+
+    base = tiny_model_dir("llama", tmp_path)
+    assert json.loads((base / "tokenizer_config.json").read_text())["tokenizer_class"] == "TokenizersBackend"
+    assert convert(base, "--curve", spec_file, "--to", "hf", "--out", tmp_path / "out") == 0
+    written = json.loads((tmp_path / "out" / "tokenizer_config.json").read_text())
+    assert written["tokenizer_class"] == "PreTrainedTokenizerFast"
+    assert written["model_input_names"] == ["input_ids", "attention_mask"]
+    text = "w5 w17 w99 w4"
+    theirs, ours = AutoTokenizer.from_pretrained(base)(text), AutoTokenizer.from_pretrained(tmp_path / "out")(text)
+    assert dict(ours) == dict(theirs) and sorted(ours) == ["attention_mask", "input_ids"]
+    assert (tmp_path / "out" / "tokenizer.json").read_bytes() == (base / "tokenizer.json").read_bytes()
+
+
+def test_legacy_rope_fields_mirror_rope_parameters(tmp_path, spec_file):
+    """transformers 4.x reads rope_theta / rope_scaling; 5 reads rope_scaling first, so both must agree."""
+    rope = {"rope_type": "linear", "factor": 2.0, "rope_theta": 5000.0}
+    base = save_tiny(tmp_path / "base", rope_parameters=rope)
+    assert convert(base, "--curve", spec_file, "--to", "hf", "--out", tmp_path / "out") == 0
+    data = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert data["rope_theta"] == 5000.0 and data["rope_scaling"] == {"rope_type": "linear", "factor": 2.0}
+    reread = AutoConfig.from_pretrained(tmp_path / "out", trust_remote_code=True).rope_parameters
+    assert dict(reread) == dict(AutoConfig.from_pretrained(base).rope_parameters)
+
+
+def test_legacy_rope_mirror_rules():
+    from lpes.converter.portable_files import with_legacy_rope
+
+    default = with_legacy_rope({"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}, "rope_scaling": None})
+    assert default["rope_theta"] == 1e6 and "rope_scaling" not in default
+    partial = with_legacy_rope({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+                                                    "partial_rotary_factor": 0.5}})
+    assert partial["partial_rotary_factor"] == 0.5
+    # Per-layer-type RoPE: a flat rope_scaling would replace the nested dict in transformers 5.
+    nested = {"rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                                  "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}
+    assert with_legacy_rope(nested) == nested
+
+
+def test_recommended_load_snippet_runs_without_a_prompt(tmp_path, spec_file):
+    """The card's snippet (NOTES-hub.md): run as written, stdin closed, no trust_remote_code prompt."""
+    base = save_tiny(tmp_path / "base")
+    from conftest import tiny_tokenizer
+
+    tiny_tokenizer().save_pretrained(base)
+    convert(base, "--curve", spec_file, "--to", "hf", "--out", tmp_path / "out")
+    snippet = (
+        "from transformers import AutoModelForCausalLM, AutoTokenizer\n"
+        "model = AutoModelForCausalLM.from_pretrained('out', trust_remote_code=True)\n"
+        "tokenizer = AutoTokenizer.from_pretrained('out', trust_remote_code=True)\n"
+        "print(type(model).__name__, type(tokenizer).__name__)\n"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
+    done = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, env=env, cwd=tmp_path,
+                          stdin=subprocess.DEVNULL, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-2:] == ["LpesForCausalLM", "TokenizersBackend"]  # 5's PreTrainedTokenizerFast
+    assert "Do you wish to run the custom code" not in done.stdout + done.stderr
