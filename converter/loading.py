@@ -60,14 +60,19 @@ def load_config(path: Path):
     return config
 
 
-def load_model(path: Path, dtype: str = "float32", for_export: bool = False):
-    """Load the unpatched causal LM in eval mode (with export-friendly kernels when `for_export`)."""
+def load_model(path: Path, dtype: str = "float32", for_export: bool = False, device_map: dict | None = None):
+    """Load the unpatched causal LM in eval mode (with export-friendly kernels when `for_export`).
+
+    `device_map` (module name -> device) loads it split over several GPUs (search/replicas.py plans it).
+    """
     from transformers import AutoModelForCausalLM
 
     if dtype not in DTYPES:
         raise LpesError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     config = load_config(path)
     kwargs = dict(architecture_for(config).export_load_kwargs) if for_export else {}
+    if device_map is not None:
+        kwargs["device_map"] = device_map
     model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], **kwargs)
     return model.eval()
 

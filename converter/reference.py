@@ -51,14 +51,16 @@ def check_layout(config) -> None:
 
 def _check_rope_layout(rotary: nn.Module, layer_types, interleaved: bool, model_type: str) -> None:
     """Fail loudly if lpes would compute cos/sin differently from the model itself."""
-    positions = torch.arange(8)[None]
-    probe = torch.zeros(1, dtype=torch.float32)
     for layer_type in sorted(set(layer_types or [None]), key=str):
         args = () if layer_type is None else (layer_type,)
+        prefix = "" if layer_type is None else f"{layer_type}_"
+        # On inv_freq's device: a model on a GPU computes there, and CPU positions could not meet it.
+        device = getattr(rotary, f"{prefix}inv_freq").device
+        positions = torch.arange(8, device=device)[None]
+        probe = torch.zeros(1, dtype=torch.float32, device=device)
         with torch.no_grad():
             cos, _ = rotary(probe, positions, *args)
-            prefix = "" if layer_type is None else f"{layer_type}_"
-            inv_freq = getattr(rotary, f"{prefix}inv_freq")
+            inv_freq = getattr(rotary, f"{prefix}inv_freq")  # after the call: dynamic variants update it there
             scaling = getattr(rotary, f"{prefix}attention_scaling")
             ours, _ = lpes_rope.rope_cos_sin(inv_freq, positions, scaling, cos.dtype, interleaved)
         if ours.shape != cos.shape or not torch.equal(ours, cos):

@@ -43,6 +43,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--holdout", type=int, default=DEFAULTS.holdout,
                         help="held-out examples for accuracy before/after (default %(default)s)")
     parser.add_argument("--device", default=None, help="e.g. cuda:0,cuda:1 (default: every visible GPU, else cpu)")
+    parser.add_argument("--gpus-per-replica", type=int, default=DEFAULTS.gpus_per_replica, metavar="K",
+                        help="split each model replica over K GPUs (transformers' device map), for models "
+                        "that do not fit on one (default %(default)s)")
+    parser.add_argument("--ray", default=None, metavar="ADDRESS",
+                        help="score in Ray actors, one replica each: auto (the running cluster, or RAY_ADDRESS), "
+                        "local (start Ray on this machine) or host:port; needs pip install 'lpes[ray]'")
+    parser.add_argument("--replicas", type=int, default=None, metavar="N",
+                        help="with --ray: N actors (default: one per K GPUs of the cluster, else 1 on CPUs)")
     parser.add_argument("--batch-size", type=int, default=DEFAULTS.batch_size)
     parser.add_argument("--method", default=DEFAULTS.method, choices=["teacher-forced", "greedy"],
                         help="how a candidate is scored (greedy: the paper's way, slower)")
@@ -59,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         data=args.data, population=args.population, generations=args.generations, degree=args.degree,
         scale_grid=args.scale_grid, seed=args.seed, holdout=args.holdout, device=args.device,
         method=args.method, ties=args.ties, racing=args.racing, batch_size=args.batch_size,
-        chat_template=args.chat_template,
+        chat_template=args.chat_template, ray=args.ray, replicas=args.replicas,
+        gpus_per_replica=args.gpus_per_replica,
     )
     search(args.model, args.out, options, force=args.force)
     return 0

@@ -1,68 +1,64 @@
-"""Scoring a scale vector on calibration examples with one loaded model per device.
+"""Scoring a scale vector on calibration examples with the replicas of a pool.
 
-Candidates swap scales in place through the reference patch (`lpes.apply`): the
-model is loaded once per device and never reloaded. The one-forward-pass check
-(`teacher_forced_correct`) is the default; `method="greedy"` scores by greedy
-generation, the paper's way, for the cost benchmark.
+Candidates swap scales in place through the reference patch (`lpes.apply`): each
+replica loads the model once and never reloads it (search/replicas.py). The
+one-forward-pass check (`teacher_forced_correct`) is the default; `method="greedy"`
+scores by greedy generation, the paper's way, for the cost benchmark.
 """
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+import time
+from dataclasses import dataclass
 
-from lpes.converter.reference import apply
-from lpes.spec import Spec
-from lpes.validation import scoring
-from lpes.validation.examples import Example
+from lpes.search.replicas import ReplicaPool
 
 METHODS = ("teacher-forced", "greedy")
+
+
+@dataclass
+class ReplicaUsage:
+    """What one replica slot did so far: seconds busy scoring and token positions computed."""
+
+    busy_s: float = 0.0
+    forward_tokens: int = 0
 
 
 class ModelEvaluator:
     """Eq. 7 verdicts for chosen examples; `forward_tokens` counts the positions computed."""
 
-    def __init__(self, models: list, tokenizer, examples: list[Example], method: str = "teacher-forced",
-                 batch_size: int = 8):
-        self.models, self.tokenizer, self.examples = models, tokenizer, examples
-        self.method, self.batch_size = method, batch_size
-        self.num_examples = len(examples)
+    def __init__(self, pool: ReplicaPool, num_examples: int):
+        self.pool, self.num_examples = pool, num_examples
         self.forward_tokens = 0
-        self._pool = ThreadPoolExecutor(len(models)) if len(models) > 1 else None
+        self.usage = [ReplicaUsage() for _ in range(pool.size)]
 
     def correct(self, scales: tuple[float, ...], example_ids: list[int]) -> list[bool]:
-        spec = Spec.from_scales(list(scales))
-        for model in self.models:
-            apply(model, spec)
-        # Each replica takes an equal, contiguous share of the examples; results come back in order.
-        shares = [example_ids[k::len(self.models)] for k in range(len(self.models))]
-        runs = [(m, [self.examples[i] for i in share]) for m, share in zip(self.models, shares) if share]
-        results = list(self._pool.map(self._score, runs)) if self._pool else [self._score(r) for r in runs]
+        # Every replica takes an equal share; a verdict depends on (scales, example) only, so
+        # how the chunk is cut never changes the result.
+        shares = [example_ids[k::self.pool.size] for k in range(self.pool.size)]
         verdict = {}
-        for share, scores in zip([s for s in shares if s], results):
-            self.forward_tokens += scores.forward_tokens
-            verdict.update({i: r.correct for i, r in zip(share, scores.results)})
+        for result in self.pool.score(scales, [s for s in shares if s]):
+            self.forward_tokens += result.forward_tokens
+            self.usage[result.slot].busy_s += result.busy_s
+            self.usage[result.slot].forward_tokens += result.forward_tokens
+            verdict.update(zip(result.example_ids, result.verdicts))
         return [verdict[i] for i in example_ids]
 
-    def _score(self, run) -> scoring.Scores:
-        model, examples = run
-        if self.method == "greedy":
-            return scoring.greedy_correct(model, self.tokenizer, examples, self.batch_size)
-        return scoring.teacher_forced_correct(model, self.tokenizer, examples, self.batch_size)
 
+class UsageMeter:
+    """Per report: each replica's share of the wall time spent scoring, and its tokens per second."""
 
-def devices(requested: str | None) -> list[str]:
-    """Every visible GPU (one replica each), else the CPU; or the comma-separated list asked for."""
-    import torch
+    def __init__(self, usage: list[ReplicaUsage]):
+        self.usage = usage
+        self._last = [ReplicaUsage(u.busy_s, u.forward_tokens) for u in usage]
+        self._since = time.perf_counter()
 
-    if requested:
-        return [d.strip() for d in requested.split(",") if d.strip()]
-    if torch.cuda.is_available():
-        return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
-    return ["cpu"]
-
-
-def load_replicas(model_path: Path, device_names: list[str], dtype: str = "float32") -> list:
-    from lpes.converter.loading import load_model
-
-    return [load_model(model_path, dtype).to(device) for device in device_names]
+    def step(self) -> tuple[list[float], list[float]]:
+        """(busy share, tokens/s) of each replica since the previous step."""
+        now = time.perf_counter()
+        wall = max(now - self._since, 1e-9)
+        busy = [(u.busy_s - last.busy_s) / wall for u, last in zip(self.usage, self._last)]
+        rate = [(u.forward_tokens - last.forward_tokens) / wall for u, last in zip(self.usage, self._last)]
+        self._last = [ReplicaUsage(u.busy_s, u.forward_tokens) for u in self.usage]
+        self._since = now
+        return busy, rate

@@ -16,12 +16,16 @@ from itertools import zip_longest
 from pathlib import Path
 
 from lpes.errors import LpesError
-from lpes.search.fitness import METHODS, ModelEvaluator, devices, load_replicas
+from lpes.search.fitness import METHODS, ModelEvaluator, UsageMeter
 from lpes.search.ga import GASettings, GeneticSearch, SearchState
 from lpes.search.genome import ScaleGrid, SearchSpace
+from lpes.search.replicas import ReplicaPool, check_replica_options, open_pool
 from lpes.spec import Spec, dump_spec, write_text_atomic
 
 TIES = ("gentle", "first")
+# Where scoring ran changes neither the result nor what may resume it; the spec records the
+# layout apart (provenance["replicas"]), without the machine's addresses or device names.
+_NO_LAYOUT = {"device": None, "ray": None, "replicas": None, "gpus_per_replica": None}
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,11 @@ class SearchOptions:
     racing: bool = True
     batch_size: int = 8
     chat_template: bool = True
+    # Where the replicas run: None (this process) or a Ray address (auto, local, host:port).
+    # Like device, none of these changes the result, so resuming on another layout is allowed.
+    ray: str | None = None
+    replicas: int | None = None  # Ray actors (default: one per gpus_per_replica GPUs, else 1)
+    gpus_per_replica: int = 1  # a replica spans this many GPUs (transformers' device map)
 
 
 def check_options(options: SearchOptions) -> tuple[ScaleGrid, GASettings]:
@@ -59,6 +68,7 @@ def check_options(options: SearchOptions) -> tuple[ScaleGrid, GASettings]:
         raise LpesError("--holdout must be >= 0")
     if options.batch_size < 1:
         raise LpesError("--batch-size must be at least 1")
+    check_replica_options(options.ray, options.replicas, options.gpus_per_replica, options.device)
     grid = ScaleGrid.parse(options.scale_grid)
     if not grid.values:
         raise LpesError(f"--scale-grid {options.scale_grid!r} has no values")
@@ -88,17 +98,19 @@ def search(model: str, out: str | Path, options: SearchOptions = SearchOptions()
     holdout = _across_positions(load_examples(model_path, options.data, use_chat_template=options.chat_template,
                                               split="validation"), options.holdout)
     space = SearchSpace(grid, config.num_hidden_layers, options.degree)
-    replicas = load_replicas(model_path, devices(options.device))
-    # Racing chunks start at one example per replica (most hopeless genomes fail at once) and double
-    # up to one full batch per replica: coarser chunks would waste tokens.
-    settings = replace(settings, chunk=options.batch_size * len(replicas), first_chunk=len(replicas))
     tokenizer = _tokenizer(model_path)
-    evaluator = ModelEvaluator(replicas, tokenizer, examples, options.method, options.batch_size)
     checkpoint = out.with_name(out.name + ".state.json")
     started = time.time()
     state = _resume(checkpoint, options, model_path, force)
-    reporter = _Reporter(settings.generations, progress)
     key = _settings_key(options, model_path)
+    pool = open_pool(model_path, tokenizer, examples, method=options.method, batch_size=options.batch_size,
+                     device=options.device, ray=options.ray, replicas=options.replicas,
+                     gpus_per_replica=options.gpus_per_replica)
+    # Racing chunks start at one example per replica (most hopeless genomes fail at once) and double
+    # up to one full batch per replica: coarser chunks would waste tokens.
+    settings = replace(settings, chunk=options.batch_size * pool.size, first_chunk=pool.size)
+    evaluator = ModelEvaluator(pool, len(examples))
+    reporter = _Reporter(settings.generations, progress, UsageMeter(evaluator.usage))
 
     def after_generation(state: SearchState) -> None:
         write_text_atomic(checkpoint, json.dumps({"settings_key": key, "state": state.to_json()}))
@@ -106,15 +118,18 @@ def search(model: str, out: str | Path, options: SearchOptions = SearchOptions()
 
     # It scans the uniform scales first and seeds generation 0 with the best: with elitism the
     # curve found can only match or beat it on calibration.
-    state = GeneticSearch(space, evaluator, settings, after_generation).run(state)
-    reporter.close()
-    best = state.parents[0].genome
-    spec = best.spec(grid, config.num_hidden_layers)
-    held_out = _held_out(replicas[0], tokenizer, holdout, spec, options.batch_size)
+    try:
+        state = GeneticSearch(space, evaluator, settings, after_generation).run(state)
+        reporter.close()
+        best = state.parents[0].genome
+        spec = best.spec(grid, config.num_hidden_layers)
+        held_out = _held_out(pool, holdout, spec)
+    finally:
+        pool.close()
     provenance = {
         "model": model_fingerprint(config),
         "base_model": model,
-        "search": {**asdict(options), "device": None, "calibration_examples": len(examples),
+        "search": {**asdict(options), **_NO_LAYOUT, "calibration_examples": len(examples),
                    "fitness": state.parents[0].fitness, "evaluations": state.evaluations,
                    "raced_out": state.raced_out, "duplicates_skipped": state.duplicates_skipped,
                    "forward_tokens": state.forward_tokens, "tokens_to_best_fitness": state.tokens_to_best,
@@ -122,6 +137,7 @@ def search(model: str, out: str | Path, options: SearchOptions = SearchOptions()
                    "best_uniform_scale": state.uniform["scale"], "best_uniform_fitness": state.uniform["fitness"],
                    "uniform_scan_tokens": state.uniform["tokens"]},
         "held_out": held_out,
+        "replicas": pool.layout,
     }
     spec = Spec(spec.scales, spec.curve, provenance)
     _write_outputs(spec, state, out)
@@ -147,7 +163,7 @@ def _tokenizer(model_path: Path):
 
 
 def _settings_key(options: SearchOptions, model_path: Path) -> str:
-    relevant = {**asdict(options), "device": None, "model": str(model_path)}
+    relevant = {**asdict(options), **_NO_LAYOUT, "model": str(model_path)}
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -165,17 +181,12 @@ def _resume(checkpoint: Path, options: SearchOptions, model_path: Path, force: b
     return SearchState.from_json(data["state"])
 
 
-def _held_out(model, tokenizer, examples, best: Spec, batch_size: int) -> dict:
+def _held_out(pool: ReplicaPool, examples, best: Spec) -> dict:
     """Greedy accuracy (the benchmark's test) on held-out examples, unscaled and with the found curve."""
-    from lpes.converter.reference import apply
-    from lpes.validation.scoring import greedy_correct
-
     if not examples:
         return {"examples": 0, "unscaled": float("nan"), "lpes": float("nan")}
-    accuracy = {}
-    for name, spec in (("unscaled", Spec.from_scales([1.0] * len(best.scales))), ("lpes", best)):
-        apply(model, spec)
-        accuracy[name] = greedy_correct(model, tokenizer, examples, batch_size).accuracy
+    accuracy = {name: pool.greedy_accuracy(tuple(scales), examples)
+                for name, scales in (("unscaled", [1.0] * len(best.scales)), ("lpes", best.scales))}
     return {"examples": len(examples), **accuracy}
 
 
@@ -190,21 +201,25 @@ def _write_outputs(spec: Spec, state: SearchState, out: Path) -> None:
 class _Reporter:
     """A progress bar over generations and a log line per generation."""
 
-    def __init__(self, generations: int, enabled: bool):
+    def __init__(self, generations: int, enabled: bool, usage: UsageMeter):
         from tqdm import tqdm
 
         self.bar = tqdm(total=generations + 1, desc="lpes-search", unit="gen", disable=not enabled)
-        self.enabled = enabled
+        self.enabled, self.usage = enabled, usage
 
     def __call__(self, state: SearchState) -> None:
         last = state.history[-1]
         self.bar.n = state.generation + 1
-        self.bar.set_postfix(best=f"{last['best']:.3f}", raced=last["raced_out"], dup=last["duplicates_skipped"])
+        busy, rate = self.usage.step()
+        self.bar.set_postfix(best=f"{last['best']:.3f}", raced=last["raced_out"], dup=last["duplicates_skipped"],
+                             busy=f"{sum(busy) / len(busy):.0%} of {len(busy)}", tok_s=f"{sum(rate):.0f}")
         if self.enabled:
             mean = "n/a" if last["mean_scored"] is None else f"{last['mean_scored']:.3f}"
             self.bar.write(f"generation {last['generation']}: best {last['best']:.3f}, mean {mean} over "
                            f"{last['scored']} scored, {last['raced_out']} raced out, "
-                           f"{last['duplicates_skipped']} duplicates skipped, {last['forward_tokens']} tokens")
+                           f"{last['duplicates_skipped']} duplicates skipped, {last['forward_tokens']} tokens; "
+                           f"replicas busy {' '.join(f'{b:.0%}' for b in busy)}, "
+                           f"tokens/s {' '.join(f'{r:.0f}' for r in rate)}")
 
     def close(self) -> None:
         self.bar.close()
