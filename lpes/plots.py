@@ -169,7 +169,7 @@ def _per_generation(totals: Sequence[int]) -> list[int]:
 # ---- validation ----
 
 _EXPORT_LABELS = {
-    "hf": "LPES, Hub folder (trust_remote_code)",
+    "hf": "LPES, Hub folder",
     "onnx": "LPES, ONNX in onnxruntime",
     "genai": "LPES, onnxruntime-genai",
     "tensorrt": "LPES, TensorRT engine",
@@ -187,7 +187,8 @@ def variant_label(variant: VariantResult) -> str:
         return "LPES (PyTorch reference)"
     if variant.name.startswith(UNIFORM):
         return f"best uniform scale, {variant.name[len(UNIFORM):].strip()} (PyTorch)"
-    return _EXPORT_LABELS.get(variant.name, f"LPES, {variant.name} export")
+    label = _EXPORT_LABELS.get(variant.name, f"LPES, {variant.name} export")
+    return f"{label} ({variant.note})" if variant.note else label  # how it ran: provider, custom code or not
 
 
 def _variant_style(variant: VariantResult, n: int) -> dict:
