@@ -61,6 +61,21 @@ def vllm_like_attention(module, query, key, value, attention_mask, scaling=None,
 AttentionInterface.register(PROBE, vllm_like_attention)
 
 
+def resolve_like_vllm(folder):
+    """vLLM's registry `_try_resolve_transformers`: config class first, then the first AutoModel* class."""
+    import transformers
+    from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+    config = json.loads((folder / "config.json").read_text())
+    assert getattr(transformers, config["architectures"][0], None) is None  # so vLLM turns to auto_map
+    auto_map = config["auto_map"]
+    assert next(iter(auto_map)) == "AutoConfig"
+    name = next(key for key in auto_map if key.startswith("AutoModel"))
+    model_class = get_class_from_dynamic_module(auto_map[name], str(folder))
+    assert model_class.is_backend_compatible()  # _supports_attention_backend
+    return model_class
+
+
 def hub_folder(tmp_path, model_type):
     base = tiny_model_dir(model_type, tmp_path, **MODELS[model_type])
     dump_spec(Spec.from_scales(SCALES), tmp_path / "spec.json")
@@ -83,11 +98,10 @@ def reference_hidden(base, input_ids, position_ids):
 @pytest.mark.parametrize("model_type", list(MODELS))
 def test_base_model_runs_lpes_through_the_attention_interface(tmp_path, model_type):
     base, out = hub_folder(tmp_path, model_type)
-    auto_map = json.loads((out / "config.json").read_text())["auto_map"]
-    assert list(auto_map)[:2] == ["AutoConfig", "AutoModel"]
+    assert resolve_like_vllm(out).__name__ == "LpesModel"
 
     model = AutoModel.from_pretrained(out, trust_remote_code=True, attn_implementation=PROBE).eval()
-    assert type(model).__name__ == "LpesModel" and type(model).is_backend_compatible()
+    assert type(model).__name__ == "LpesModel"
     assert type(model.rotary_emb).__name__ == "LayerScaledRotary"  # the folder's own lpes_rope.py
 
     seq, start = 40, 100  # a later chunk: RoPE must follow position_ids, not the chunk's own indices
