@@ -17,7 +17,8 @@ from lpes.spec import Spec
 if TYPE_CHECKING:
     from lpes.validation.report import ValidationReport, VariantResult
 
-_MAX_LABELLED_TICKS = 32  # beyond this many layers, label every k-th so the numbers stay legible
+_MAX_LABELLED_TICKS = 16  # beyond this many layers, label every k-th (a round step) so the numbers stay legible
+_TICK_STEPS = (1, 2, 4, 5, 8, 10, 16, 20, 25, 32, 50, 64, 100, 128, 250, 256, 500, 512, 1000, 1024)
 
 
 def _pyplot():
@@ -71,7 +72,8 @@ def plot_curve(spec: Spec, path: Path, title: str = "LPES: the RoPE scale of eac
         curve = bernstein(np.asarray(spec.curve.control_points), np.linspace(0.0, 1.0, 200))
         ax.plot(curve[:, 0], curve[:, 1], "-", color="C0", linewidth=1.2, alpha=0.7, label="Bezier curve B(t)")
     # Markers alone when a curve is drawn: the scales are read off it at the layers, nothing lies between.
-    ax.plot(xs, spec.scales, "o" if spec.curve is not None else "o-", color="C0", markersize=8, zorder=3,
+    ax.plot(xs, spec.scales, "o" if spec.curve is not None else "o-", color="C0",
+            markersize=8 if len(xs) <= _MAX_LABELLED_TICKS else 4, zorder=3,
             label="s_h: scale of layer h (its positions act as i / s_h)")
     _layer_ticks(ax, xs)
     ax.margins(x=0.12)  # room for the control points' labels at both ends
@@ -90,7 +92,7 @@ def plot_curve(spec: Spec, path: Path, title: str = "LPES: the RoPE scale of eac
 
 
 def _layer_ticks(ax, xs: Sequence[float]) -> None:
-    step = max(1, -(-len(xs) // _MAX_LABELLED_TICKS))
+    step = next((k for k in _TICK_STEPS if len(xs) <= k * _MAX_LABELLED_TICKS), _TICK_STEPS[-1])
     ticks = list(range(0, len(xs), step))
     ax.set_xticks([xs[h] for h in ticks], [str(h) for h in ticks])
 
@@ -106,7 +108,8 @@ def _draw_control_points(ax, points: Sequence[Sequence[float]]) -> None:
         row = stacked.get(round(x, 9), 0)
         stacked[round(x, 9)] = row + 1
         ax.annotate(f"P{k} ({x:g}, {y:g})", (x, y), xytext=(8, 6 + 11 * row), textcoords="offset points",
-                    fontsize="x-small", color="dimgray",
+                    fontsize="x-small", color="dimgray", zorder=5,
+                    bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": "none", "alpha": 0.8},
                     arrowprops={"arrowstyle": "-", "color": "lightgray"} if row else None)
 
 
