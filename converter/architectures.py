@@ -14,6 +14,16 @@ from lpes.errors import LpesError
 
 
 @dataclass(frozen=True)
+class GenaiSupport:
+    """What onnxruntime-genai's model builder needs to reproduce a model of this type (`--to genai`)."""
+
+    hf_class: str  # config.architectures[0]: the builder dispatches on it
+    rope_types: frozenset[str]  # RoPE variants whose builder cache equals transformers' own
+    # Phi-3: the builder picks its LongRoPE class whenever these two lengths differ.
+    needs_equal_original_max: bool = False
+
+
+@dataclass(frozen=True)
 class Architecture:
     layers_path: str = "model.layers"
     rotary_path: str = "model.rotary_emb"
@@ -23,6 +33,8 @@ class Architecture:
     interleaved_rope: bool = False
     # Keyword arguments for from_pretrained/from_config when the model is loaded for export.
     export_load_kwargs: dict[str, Any] = field(default_factory=dict)
+    # None: onnxruntime-genai's builder is not known to reproduce this architecture.
+    genai: GenaiSupport | None = None
 
     def patch_kwargs(self, config) -> dict[str, Any]:
         """Arguments for `lpes_rope.apply_layer_scales` (also written into Hub configs)."""
@@ -39,6 +51,11 @@ DEFAULT = Architecture()
 _MOE_EXPORT = {"experts_implementation": "batched_mm"}  # grouped_mm has no ONNX function
 
 ARCHITECTURES: dict[str, Architecture] = {
+    "llama": Architecture(genai=GenaiSupport("LlamaForCausalLM", frozenset({"default", "llama3"}))),
+    "mistral": Architecture(genai=GenaiSupport("MistralForCausalLM", frozenset({"default", "linear"}))),
+    "qwen2": Architecture(genai=GenaiSupport("Qwen2ForCausalLM", frozenset({"default", "linear"}))),
+    "qwen3": Architecture(genai=GenaiSupport("Qwen3ForCausalLM", frozenset({"default", "linear"}))),
+    "phi3": Architecture(genai=GenaiSupport("Phi3ForCausalLM", frozenset({"default"}), needs_equal_original_max=True)),
     "gemma3_text": Architecture(per_layer_type_rope=True),
     "gemma3": Architecture(
         layers_path="model.language_model.layers",

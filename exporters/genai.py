@@ -25,7 +25,7 @@ refused by `check_genai` with a one-line reason):
   middle of the network (a tiny model with vocabulary 128 = intermediate size 128
   gave logits 0.4 off at position 0).
 - Its Llama class ignores `linear` and `yarn` RoPE (it builds the default cache).
-  `GENAI_ARCHITECTURES` lists only variants whose caches match transformers'; the
+  `converter.architectures` (`GenaiSupport`) lists only variants whose caches match transformers'; the
   cache check in step 3 catches any other mismatch.
 - It does not apply a sliding window from a transformers-5 Mistral config (no
   `layer_types`), and the windowed KV cache it declares then fails on long prompts.
@@ -49,34 +49,19 @@ from pathlib import Path
 import torch
 
 from lpes.converter import lpes_rope
-from lpes.converter.architectures import architecture_for
+from lpes.converter.architectures import ARCHITECTURES, GenaiSupport, architecture_for
 from lpes.converter.loading import load_config
 from lpes.errors import LpesError
-from lpes.exporters import genai_rope
-from lpes.spec import Spec, dump_spec
+from lpes.spec import Spec, dump_spec, write_text_atomic
 
 SPEC_FILE = "lpes_spec.json"
+SIDECAR_FILE = "lpes_genai.json"  # precision and provider the package was built for
 GENAI_CONFIG = "genai_config.json"
+# The builder's precision names -> lpes dtype names (an export's disagreement allowance); the
+# quantised packages keep float32 activations and are held to the float32 allowance.
+PRECISION_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 _WORK_DIR = ".lpes-genai-build"  # inside out_dir, removed when done
 
-
-@dataclass(frozen=True)
-class GenaiArchitecture:
-    """What the builder needs to reproduce a transformers model of one model_type."""
-
-    hf_class: str  # config.architectures[0]: the builder dispatches on it
-    rope_types: frozenset[str]  # RoPE variants whose builder cache equals transformers' own
-    # Phi-3: the builder picks its LongRoPE class whenever these two lengths differ.
-    needs_equal_original_max: bool = False
-
-
-GENAI_ARCHITECTURES: dict[str, GenaiArchitecture] = {
-    "llama": GenaiArchitecture("LlamaForCausalLM", frozenset({"default", "llama3"})),
-    "mistral": GenaiArchitecture("MistralForCausalLM", frozenset({"default", "linear"})),
-    "qwen2": GenaiArchitecture("Qwen2ForCausalLM", frozenset({"default", "linear"})),
-    "qwen3": GenaiArchitecture("Qwen3ForCausalLM", frozenset({"default", "linear"})),
-    "phi3": GenaiArchitecture("Phi3ForCausalLM", frozenset({"default"}), needs_equal_original_max=True),
-}
 
 # Execution provider -> precisions the builder accepts for it (its own list, TensorRT-RTX left out).
 # Only cpu fp32 and int4 have been run by lpes; the others go through the same cache checks.
@@ -125,19 +110,20 @@ def check_genai(model_path: Path, spec: Spec, precision: str = "fp32", execution
 
 
 def _tokenizer_has_eos(model_path: Path) -> bool:
-    from transformers import AutoTokenizer
+    from lpes.converter.loading import has_tokenizer, load_tokenizer
 
-    try:
-        return AutoTokenizer.from_pretrained(model_path).eos_token_id is not None
-    except (OSError, ValueError):
-        return False
+    return has_tokenizer(model_path) and load_tokenizer(model_path).eos_token_id is not None
 
 
 def export_genai(
     model_path: Path, spec: Spec, out_dir: Path, precision: str = "fp32", execution_provider: str = "cpu"
 ) -> Path:
     """Build the onnxruntime-genai package of `model_path` with per-layer RoPE caches into `out_dir`."""
-    plan = check_genai(model_path, spec, precision, execution_provider)
+    return write_genai(check_genai(model_path, spec, precision, execution_provider), out_dir)
+
+
+def write_genai(plan: GenaiPlan, out_dir: Path) -> Path:
+    """Build the package that `check_genai` planned into `out_dir`."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     work = out_dir / _WORK_DIR
@@ -148,6 +134,9 @@ def export_genai(
     finally:
         shutil.rmtree(work, ignore_errors=True)
     dump_spec(plan.spec, out_dir / SPEC_FILE)
+    sidecar = {"format": "lpes-genai", "version": 1, "precision": plan.precision,
+               "execution_provider": plan.execution_provider, "dtype": PRECISION_DTYPES.get(plan.precision, "float32")}
+    write_text_atomic(out_dir / SIDECAR_FILE, json.dumps(sidecar, indent=2) + "\n")
     return out_dir
 
 
@@ -164,12 +153,12 @@ def _check_target(precision: str, execution_provider: str) -> None:
         )
 
 
-def _architecture_entry(config) -> GenaiArchitecture:
-    entry = GENAI_ARCHITECTURES.get(config.model_type)
+def _architecture_entry(config) -> GenaiSupport:
+    entry = architecture_for(config).genai
     if entry is None:
+        supported = sorted(name for name, arch in ARCHITECTURES.items() if arch.genai is not None)
         raise LpesError(
-            f"--to genai does not support model type {config.model_type!r} "
-            f"(supported: {', '.join(sorted(GENAI_ARCHITECTURES))})"
+            f"--to genai does not support model type {config.model_type!r} (supported: {', '.join(supported)})"
         )
     hf_class = (config.architectures or [None])[0]
     if hf_class != entry.hf_class:
@@ -177,7 +166,7 @@ def _architecture_entry(config) -> GenaiArchitecture:
     return entry
 
 
-def _check_builder_pitfalls(config, entry: GenaiArchitecture) -> None:
+def _check_builder_pitfalls(config, entry: GenaiSupport) -> None:
     if getattr(config, "sliding_window", None) is not None:
         raise LpesError(
             f"--to genai: onnxruntime-genai's builder does not reproduce {config.model_type}'s sliding-window "
@@ -254,6 +243,8 @@ def _run_builder(plan: GenaiPlan, package: Path, cache: Path) -> None:
 
 def _write_scaled_package(plan: GenaiPlan, package: Path, out_dir: Path) -> None:
     import onnx_ir as ir
+
+    from lpes.exporters import genai_rope  # onnx_ir takes seconds to import: only when building
 
     filename = json.loads((package / GENAI_CONFIG).read_text())["model"]["decoder"]["filename"]
     model = ir.load(package / filename)

@@ -8,7 +8,11 @@ Each parses its flags, calls the Python API, prints what a user needs, and exits
 from __future__ import annotations
 
 import argparse
+import errno
+import os
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,22 +20,83 @@ from lpes.errors import LpesError
 
 EXAMPLES_CONVERT = """\
 examples:
-  lpes-convert lpes-tiny-kv --curve best.json --to hf --out tiny-lpes
+  lpes-convert lpes-tiny-kv --curve demo-out/best.json --to hf,onnx --out tiny-lpes
   lpes-convert meta-llama/Llama-3.2-1B --curve best.json --to hf,onnx --out llama-lpes
-  lpes-convert ./my-model --curve best.json --to tensorrt --dtype float16 --out engine-dir
+  lpes-convert ./my-model --curve best.json --to tensorrt --dtype float16 --out engine  # experimental
 
 MODEL is a bundled short name (lpes-tiny-kv), a local Hugging Face folder, or a Hub id
 (downloaded when online). The spec (--curve) holds per-layer scales or a Bezier curve
 (see README, "The spec file"). Targets go into one folder:
   OUT/           hf: the Hub folder (load with trust_remote_code=True)
   OUT/onnx/      onnx: model.onnx with KV cache, checked against the PyTorch reference
-  OUT/tensorrt/  tensorrt: engine built from OUT/onnx (needs an NVIDIA GPU + tensorrt)
+  OUT/tensorrt/  tensorrt, experimental: never built here (no machine of this project has
+                 TensorRT): engine built from OUT/onnx on an NVIDIA GPU with tensorrt, else
+                 OUT/tensorrt/trtexec.sh to build it there
   OUT/genai/     genai: onnxruntime-genai package with per-layer RoPE caches
+Unless --no-validate, the folder is then validated as lpes-validate does (see its --help):
+the model's own key-value task, e.g. 100 examples (20 per gold index) for lpes-tiny-kv;
+where that would take over 20 minutes here it is skipped with the command to run it.
 Exit status: 0 ok, 1 validation failed (report printed), 2 bad input.
 """
 
+EXAMPLES_VALIDATE = """\
+examples:
+  lpes-validate demo-out/lpes-tiny-kv-lpes
+  lpes-validate demo-out/lpes-tiny-kv-lpes --data tiny-kv:examples=4,length=2048
+  lpes-validate llama-lpes --model meta-llama/Llama-3.2-1B --data kv:pairs=75,examples=10
+  lpes-validate llama-lpes --data kv-retrieval-75_keys.jsonl.gz
+
+--data TASK:field=value,... (lists joined by +, no quoting needed). Fields left out come
+from the model folder's lpes_task.json when it names the same task, then from the task's
+defaults. Without --data: the folder's own task, else kv with 75 pairs. The forms, with the
+values a field left out gets (tiny-kv: lpes-tiny-kv's lpes_task.json):
+  tiny-kv:pairs=16,length=1024,examples=20,seed=0   the bundled model's task (validation/tiny_kv.py):
+                                                    pairs facts in a prompt of length positions
+  kv:pairs=75,examples=25,seed=0                    the lost-in-the-middle task: UUID keys and values,
+                                                    generated as the benchmark does
+  kv:file=FILE.jsonl,examples=N                     the benchmark's own records: the held-out half
+                                                    of the file (all of it, or its first N)
+  FILE.jsonl or FILE.jsonl.gz                       the same as kv:file=FILE
+examples counts examples per gold index: lpes-tiny-kv has 5 gold indices (0 4 8 12 15), so
+its default is 20 x 5 = 100 prompts and tiny-kv:examples=8 is 8 x 5 = 40. gold (the positions
+of the needed pair, 0 = first) defaults to the model's lpes_task.json, else the paper's
+indices for 75, 140 or 300 pairs (0+24+49+74 for 75), else 5 evenly spaced. Generated
+examples come from seed 2*seed+1 and lpes-search's from 2*seed; a benchmark file is split in
+two halves that share no record (by the SHA-256 of each record), lpes-search calibrating on
+one and validation reading the other, so validation never reuses a calibration example.
+"""
+
+EXAMPLES_GENERATE = """\
+example, on the folder that make demo writes:
+  lpes-generate demo-out/lpes-tiny-kv-lpes "p3_1 f2 q3" --max-new-tokens 1
+
+DIR's tokenizer must know every word of the prompt. The bundled model's words
+(validation/tiny_kv.py): p{key}_{value} a fact (key 0-63, value 0-7), f0..f31 filler,
+q{key} the query; the answer is a{value}, here a1 (the value of key 3). That model has
+no end-of-sequence token, so without --max-new-tokens 1 it writes on past the answer.
+"""
+
+
+# OS errors the user's machine causes (full disk, file size limit, permissions, a bad path):
+# one line and exit 2 like any user error, with what to look at.
+USER_OS_ERRORS = {
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is used up",
+    errno.EFBIG: "a file size limit (ulimit -f) or the filesystem's",
+    errno.EACCES: "check the permissions",
+    errno.EPERM: "check the permissions",
+    errno.EROFS: "the filesystem is read-only",
+    errno.ENAMETOOLONG: "shorten the path",
+    errno.ENOTDIR: "a part of the path is a file",
+    errno.EISDIR: "a folder where a file was expected",
+    errno.ELOOP: "too many symbolic links",
+}
+
 
 def _run(prog: str, main: Callable[[list[str] | None], int], argv: list[str] | None) -> int:
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    # A plain SIGTERM would end the process with no cleanup; as an interrupt, staging folders are removed.
+    previous = signal.signal(signal.SIGTERM, _interrupt) if on_main_thread else None
     try:
         return main(argv)
     except LpesError as err:
@@ -40,21 +105,35 @@ def _run(prog: str, main: Callable[[list[str] | None], int], argv: list[str] | N
     except KeyboardInterrupt:
         print(f"{prog}: interrupted; nothing was left half-written", file=sys.stderr)
         return 130
+    except OSError as err:
+        if err.errno not in USER_OS_ERRORS:
+            raise
+        where = f": {err.filename}" if err.filename else ""
+        print(f"{prog}: error: {err.strerror or os.strerror(err.errno)}{where} ({USER_OS_ERRORS[err.errno]})",
+              file=sys.stderr)
+        return 2
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
-def _convert(argv: list[str] | None) -> int:
-    from lpes.convert_pipeline import TARGETS, execute, plan
-    from lpes.exporters.tensorrt_profiles import add_profile_arguments, profile_overrides
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _convert_parser() -> argparse.ArgumentParser:
+    from lpes.exporters.targets import add_target_arguments, registry
 
     parser = argparse.ArgumentParser(
         prog="lpes-convert",
-        description="Bake an LPES spec into a model: Hub folder, ONNX, TensorRT or onnxruntime-genai.",
+        description="Bake an LPES spec into a model: Hub folder, ONNX, onnxruntime-genai, or TensorRT "
+        "(experimental: never built here).",
         epilog=EXAMPLES_CONVERT,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("model", help="bundled short name, local model folder, or Hub id")
     parser.add_argument("--curve", "--spec", dest="spec", required=True, help="spec file (best.json) from lpes-search")
-    parser.add_argument("--to", default="hf", help=f"comma-separated targets from {','.join(TARGETS)} (default: hf)")
+    parser.add_argument("--to", default="hf", help=f"comma-separated targets from {','.join(registry())} (default: hf)")
     parser.add_argument("--out", required=True, help="output folder (written atomically)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
                         help="precision of the ONNX/TensorRT export (default: float32)")
@@ -62,60 +141,98 @@ def _convert(argv: list[str] | None) -> int:
     parser.add_argument("--no-validate", dest="validate", action="store_false",
                         help="skip parity and key-value validation (not recommended)")
     parser.add_argument("--push-to-hub", metavar="REPO_ID", help="upload the Hub folder to this repo when done")
-    parser.add_argument("--genai-precision", default="fp32", choices=["fp32", "fp16", "bf16", "int8", "int4"],
-                        help="onnxruntime-genai builder precision (default fp32; fp16/bf16 need --genai-provider cuda)")
-    parser.add_argument("--genai-provider", default="cpu", choices=["cpu", "cuda", "dml", "webgpu"],
-                        help="execution provider the genai package is built for (default cpu)")
-    add_profile_arguments(parser)
-    args = parser.parse_args(argv)
-    the_plan = plan(args.model, args.spec, args.out, args.to, args.dtype, args.force, args.validate, args.push_to_hub,
-                    profile_overrides(args), (args.genai_precision, args.genai_provider))
-    result = execute(the_plan)
+    parser.add_argument("--data", default=None,
+                        help="validation examples, as lpes-validate --data (default: the model's own task)")
+    add_target_arguments(parser)
+    return parser
+
+
+def _convert(argv: list[str] | None) -> int:
+    from lpes.convert_pipeline import ConvertOptions, execute, plan
+    from lpes.exporters.targets import target_options
+
+    args = _convert_parser().parse_args(argv)
+    options = ConvertOptions(args.model, args.spec, args.out, args.to, args.dtype, args.force, args.validate,
+                             args.push_to_hub, args.data, target_options(args))
+    result = execute(plan(options))
     for report in result.reports:
         print(report)
     for warning in result.warnings:
         print(f"lpes-convert: {warning}", file=sys.stderr)
     print(f"wrote {result.out}")
-    if not result.passed:
-        return 1
-    return 2 if result.warnings else 0
+    return 0 if result.passed else 1
 
 
-def _validate(argv: list[str] | None) -> int:
-    from lpes.converter.loading import DEFAULT_MODEL, resolve_model
-    from lpes.validation.report import find_spec, validate
+def _validate_parser() -> argparse.ArgumentParser:
+    from lpes.converter.loading import DEFAULT_MODEL
 
     parser = argparse.ArgumentParser(
         prog="lpes-validate",
         description="Key-value retrieval accuracy by gold position for the unscaled model, the LPES reference, "
         "and every export found in DIR (DIR/onnx, DIR/tensorrt). Writes validation.json/.md/.png into DIR.",
+        epilog=EXAMPLES_VALIDATE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("dir", type=Path, help="an lpes-convert output folder (holds lpes_spec.json)")
     parser.add_argument("--model", default=None, help=f"base model (default: from the spec, else {DEFAULT_MODEL})")
     parser.add_argument("--data", default=None,
-                        help="kv:pairs=N,examples=M,... or FILE.jsonl (default: the model's own task)")
+                        help="TASK:field=value,... or FILE.jsonl (forms below; default: the model folder's "
+                        "own task, lpes_task.json, else kv with 75 pairs)")
     parser.add_argument("--no-chat-template", dest="chat_template", action="store_false",
                         help="do not wrap prompts in the tokenizer's chat template")
-    args = parser.parse_args(argv)
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"],
+                        help="precision of the PyTorch reference (default auto: float32 on a CPU, where half "
+                        "precision is slow and inexact; bfloat16 on a GPU that has it, else float16)")
+    parser.add_argument("--device", default=None, help="torch device of the reference (default: cuda if any, else cpu)")
+    parser.add_argument("--max-minutes", type=float, default=20.0,
+                        help="skip the key-value scoring when its estimate is longer (0: no limit; default 20)")
+    return parser
+
+
+def _validate(argv: list[str] | None) -> int:
+    from lpes.converter.loading import DEFAULT_MODEL, check_device, default_dtype, resolve_model
+    from lpes.converter.trust import check_hub_code
+    from lpes.validation.report import find_spec, validate
+
+    args = _validate_parser().parse_args(argv)
+    if args.max_minutes < 0:
+        raise LpesError(f"--max-minutes must be >= 0, got {args.max_minutes:g}")
+    if not args.dir.is_dir():
+        raise LpesError(f"{args.dir} is not a folder" if args.dir.exists() else f"folder not found: {args.dir}")
+    check_hub_code(args.dir)  # before anything imports the folder's code (converter/trust.py)
     spec = find_spec(args.dir)
     model = args.model or spec.provenance.get("base_model") or DEFAULT_MODEL
-    report = validate(resolve_model(model), args.dir, spec, data=args.data, chat_template=args.chat_template)
+    model_path = resolve_model(model)
+    device = check_device(args.device)
+    dtype = default_dtype(device) if args.dtype == "auto" else args.dtype
+    report = validate(model_path, args.dir, spec, data=args.data, chat_template=args.chat_template,
+                      reference_dtype=dtype, device=device, max_seconds=args.max_minutes * 60 or None,
+                      model_name=model)
     print(report.format())
+    print("wrote " + ", ".join(str(p) for p in report.files))
     return 0 if report.passed else 1
+
+
+def _generate_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lpes-generate",
+        description="Greedy generation with an lpes ONNX export in onnxruntime (KV cache, tokenizer from DIR).",
+        epilog=EXAMPLES_GENERATE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("dir", type=Path, help="ONNX folder (OUT/onnx) or an lpes-convert output folder")
+    parser.add_argument("prompt", help="text for DIR's tokenizer (quote it: it holds spaces)")
+    parser.add_argument("--max-new-tokens", type=int, default=32,
+                        help="stop after this many tokens, or at the model's end token (default %(default)s)")
+    return parser
 
 
 def _generate(argv: list[str] | None) -> int:
     from lpes.validation.ort_runner import generate_text
 
-    parser = argparse.ArgumentParser(
-        prog="lpes-generate",
-        description="Greedy generation with an lpes ONNX export in onnxruntime (KV cache, tokenizer from DIR).",
-        epilog='example: lpes-generate out/onnx "The capital of France is"',
-    )
-    parser.add_argument("dir", type=Path, help="ONNX folder (OUT/onnx) or an lpes-convert output folder")
-    parser.add_argument("prompt")
-    parser.add_argument("--max-new-tokens", type=int, default=32)
-    args = parser.parse_args(argv)
+    args = _generate_parser().parse_args(argv)
+    if args.max_new_tokens < 1:
+        raise LpesError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
     onnx_dir = args.dir / "onnx" if (args.dir / "onnx" / "model.onnx").is_file() else args.dir
     if not (onnx_dir / "model.onnx").is_file():
         raise LpesError(f"no model.onnx in {args.dir}")
@@ -127,6 +244,17 @@ def _search(argv: list[str] | None) -> int:
     from lpes.search.cli import main
 
     return main(argv)
+
+
+def build_parser(prog: str) -> argparse.ArgumentParser:
+    """The argument parser of one command (`lpes-convert`, ...): what its --help shows and what it accepts."""
+    from lpes.search.cli import build_parser as search_parser
+
+    builders = {"lpes-convert": _convert_parser, "lpes-validate": _validate_parser,
+                "lpes-generate": _generate_parser, "lpes-search": search_parser}
+    if prog not in builders:
+        raise LpesError(f"unknown command {prog!r} (known: {', '.join(builders)})")
+    return builders[prog]()
 
 
 def convert_main(argv: list[str] | None = None) -> int:

@@ -4,25 +4,47 @@ from __future__ import annotations
 
 import argparse
 
-from lpes.search.run import SearchOptions, search
+from lpes.search.genome import MAX_GRID_VALUES
+from lpes.search.run import DTYPE_CHOICES, MAX_BATCH_SIZE, MAX_GENERATIONS, MAX_POPULATION, SearchOptions, search
+from lpes.spec import MAX_DEGREE
 
 DEFAULTS = SearchOptions()
 
 EPILOG = """\
 examples:
+  lpes-search lpes-tiny-kv --out demo-out/best.json --data tiny-kv:examples=8 --population 12 --generations 8
   lpes-search lpes-tiny-kv --out best.json --population 12 --generations 6
-  lpes-search meta-llama/Llama-2-7b-chat-hf --out best.json --data kv:pairs=75,examples=40,gold=0|24|49|74
+  lpes-search meta-llama/Llama-2-7b-chat-hf --out best.json --data kv:pairs=75,examples=40,gold=0+24+49+74
 
-Fitness is Eq. 7 of the paper: the share of calibration examples answered correctly,
+--data TASK:field=value,... (lists joined by +, which needs no quoting); fields left out
+come from the model folder's lpes_task.json when it names the same task, then from the
+task's defaults. The forms, with the values a field left out gets:
+  tiny-kv:pairs=16,length=1024,examples=20,gold=0+4+8+12+15,seed=0
+        the bundled model's task (these values: lpes-tiny-kv's lpes_task.json): pairs facts
+        among filler, prompts of length positions
+  kv:pairs=75,examples=25,gold=0+24+49+74,seed=0
+        the lost-in-the-middle task: UUID keys and values, generated as the benchmark does
+  kv:file=FILE.jsonl,examples=N or FILE.jsonl (or .jsonl.gz)
+        the benchmark's own records: the calibration half of the file (all of it, or its first N)
+examples counts examples per gold index: tiny-kv:examples=8 with 5 gold indices is
+8 x 5 = 40 calibration prompts. The held-out examples (--holdout, default 100) come from the
+same description with another seed (2*seed+1; calibration uses 2*seed), or from the other
+half of a benchmark file (split by the SHA-256 of each record, so the halves share no
+record), taken in turn from each gold index, and are capped at what the description holds
+(40 here; the search says so in one line).
+
+Fitness (Eq. 7 of the LPES paper) is the share of calibration examples answered correctly,
 checked in one forward pass per example (teacher forcing; see README). Candidates that
 cannot reach the current parents are raced out early, and no scale vector is scored
 twice, so the result is that of a plain GA at a fraction of the cost (bench/RESULTS.md).
 The state is saved after every generation: run the same command again to resume an
-interrupted search.
+interrupted search. Writes the spec (--out) and, next to it, NAME_curve.png and
+NAME_fitness.png.
 """
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """lpes-search's flags (also used by the tests of every --help example)."""
     parser = argparse.ArgumentParser(
         prog="lpes-search",
         description="Find the per-layer RoPE scale curve (LPES) for MODEL with a genetic search.",
@@ -32,17 +54,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("model", help="bundled short name (lpes-tiny-kv), local model folder, or Hub id")
     parser.add_argument("--out", required=True, help="spec file to write (best.json); plots go next to it")
     parser.add_argument("--data", default=None,
-                        help="kv:pairs=N,examples=M,gold=I|J,seed=S or FILE.jsonl (benchmark records); "
-                        "default: the model folder's lpes_task.json, else kv retrieval with 75 pairs")
-    parser.add_argument("--population", type=int, default=DEFAULTS.population, help="genomes per generation")
-    parser.add_argument("--generations", type=int, default=DEFAULTS.generations)
-    parser.add_argument("--degree", type=int, default=DEFAULTS.degree, help="Bezier degree (3: cubic, as the paper)")
+                        help="what to calibrate on (lists joined by +): tiny-kv:examples=N,pairs=P,length=T,gold=I+J "
+                        "(the bundled model's task), kv:pairs=P,examples=N,gold=I+J,seed=S (generated UUID "
+                        "key-value records), or kv:file=FILE.jsonl / FILE.jsonl[.gz] (the benchmark's records). "
+                        "examples counts per gold index (tiny-kv:examples=8 with 5 gold indices: 40 prompts). "
+                        "A file is split in two halves that share no record: calibration and held-out. "
+                        "Default: the model folder's lpes_task.json, else kv with 75 pairs, 25 examples, "
+                        "gold 0+24+49+74")
+    parser.add_argument("--population", type=int, default=DEFAULTS.population,
+                        help=f"genomes per generation, 2..{MAX_POPULATION} (default %(default)s)")
+    parser.add_argument("--generations", type=int, default=DEFAULTS.generations,
+                        help=f"generations after the first, 0..{MAX_GENERATIONS} (default %(default)s)")
+    parser.add_argument("--degree", type=int, default=DEFAULTS.degree,
+                        help=f"Bezier degree, 1..{MAX_DEGREE} (default 3: cubic, as the paper)")
     parser.add_argument("--scale-grid", default=DEFAULTS.scale_grid, metavar="MIN:MAX:STEP",
-                        help=f"candidate scale values (default {DEFAULTS.scale_grid})")
-    parser.add_argument("--seed", type=int, default=DEFAULTS.seed)
+                        help=f"candidate scale values, both ends included, at most {MAX_GRID_VALUES} "
+                        f"(default {DEFAULTS.scale_grid})")
+    parser.add_argument("--seed", type=int, default=DEFAULTS.seed,
+                        help="seed of the search and of generated data (default %(default)s)")
     parser.add_argument("--holdout", type=int, default=DEFAULTS.holdout,
-                        help="held-out examples for accuracy before/after (default %(default)s)")
+                        help="held-out examples for accuracy before/after, taken in turn from each gold index; "
+                        "capped (with a note) at what the held-out data holds: the --data description with seed "
+                        "2*S+1, or a file's held-out half (default %(default)s)")
     parser.add_argument("--device", default=None, help="e.g. cuda:0,cuda:1 (default: every visible GPU, else cpu)")
+    parser.add_argument("--dtype", default=DEFAULTS.dtype, choices=DTYPE_CHOICES,
+                        help="precision of the searched model. auto (default): bfloat16 on a GPU that has it "
+                        "(float16 on older ones), the precision large checkpoints ship in and run at; float32 "
+                        "on a CPU, where half-precision matmuls are slow and inexact. The spec records the "
+                        "one used")
     parser.add_argument("--gpus-per-replica", type=int, default=DEFAULTS.gpus_per_replica, metavar="K",
                         help="split each model replica over K GPUs (transformers' device map), for models "
                         "that do not fit on one (default %(default)s)")
@@ -51,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
                         "local (start Ray on this machine) or host:port; needs pip install 'lpes[ray]'")
     parser.add_argument("--replicas", type=int, default=None, metavar="N",
                         help="with --ray: N actors (default: one per K GPUs of the cluster, else 1 on CPUs)")
-    parser.add_argument("--batch-size", type=int, default=DEFAULTS.batch_size)
+    parser.add_argument("--batch-size", type=int, default=DEFAULTS.batch_size,
+                        help=f"examples per forward pass, 1..{MAX_BATCH_SIZE} (default %(default)s)")
     parser.add_argument("--method", default=DEFAULTS.method, choices=["teacher-forced", "greedy"],
                         help="how a candidate is scored (greedy: the paper's way, slower)")
     parser.add_argument("--ties", default=DEFAULTS.ties, choices=["gentle", "first"],
@@ -62,10 +102,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="score every candidate on every example (same result, more work)")
     parser.add_argument("--no-chat-template", dest="chat_template", action="store_false")
     parser.add_argument("--force", action="store_true", help="overwrite an existing spec file")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     options = SearchOptions(
         data=args.data, population=args.population, generations=args.generations, degree=args.degree,
-        scale_grid=args.scale_grid, seed=args.seed, holdout=args.holdout, device=args.device,
+        scale_grid=args.scale_grid, seed=args.seed, holdout=args.holdout, device=args.device, dtype=args.dtype,
         method=args.method, ties=args.ties, racing=args.racing, batch_size=args.batch_size,
         chat_template=args.chat_template, ray=args.ray, replicas=args.replicas,
         gpus_per_replica=args.gpus_per_replica,

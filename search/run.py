@@ -23,6 +23,11 @@ from lpes.search.replicas import ReplicaPool, check_replica_options, open_pool
 from lpes.spec import Spec, dump_spec, write_text_atomic
 
 TIES = ("gentle", "first")
+DTYPE_CHOICES = ("auto", "float32", "float16", "bfloat16")
+# Sane bounds: beyond them a typo would run for days or allocate without end.
+MAX_POPULATION = 10_000
+MAX_GENERATIONS = 10_000
+MAX_BATCH_SIZE = 4096
 # Where scoring ran changes neither the result nor what may resume it; the spec records the
 # layout apart (provenance["replicas"]), without the machine's addresses or device names.
 _NO_LAYOUT = {"device": None, "ray": None, "replicas": None, "gpus_per_replica": None}
@@ -38,6 +43,9 @@ class SearchOptions:
     seed: int = 0
     holdout: int = 100  # held-out examples for accuracy before/after (the paper held out 500)
     device: str | None = None
+    # auto: float32 on a CPU (half-precision matmuls there are slow and inexact), bfloat16 on a GPU
+    # that has it, else float16 (converter.loading.default_dtype); provenance records the one used.
+    dtype: str = "auto"
     method: str = "teacher-forced"
     # At equal fitness prefer the gentler curve: on the bundled model +4 points held out, at 2.4x the
     # cost of "first" (each gentler curve of equal fitness must be scored in full; bench/RESULTS.md).
@@ -54,20 +62,21 @@ class SearchOptions:
 
 def check_options(options: SearchOptions) -> tuple[ScaleGrid, GASettings]:
     """Fail in a second on bad settings, before any model is loaded."""
-    if options.population < 2:
-        raise LpesError(f"--population must be at least 2, got {options.population}")
-    if options.generations < 0:
-        raise LpesError(f"--generations must be >= 0, got {options.generations}")
-    if options.degree < 1:
-        raise LpesError(f"--degree must be at least 1, got {options.degree}")
+    from lpes.spec import MAX_DEGREE
+
+    _check_range("--population", options.population, 2, MAX_POPULATION)
+    _check_range("--generations", options.generations, 0, MAX_GENERATIONS)
+    _check_range("--degree", options.degree, 1, MAX_DEGREE)
     if options.method not in METHODS:
         raise LpesError(f"--method must be one of {', '.join(METHODS)}")
     if options.ties not in TIES:
         raise LpesError(f"--ties must be one of {', '.join(TIES)}")
     if options.holdout < 0:
-        raise LpesError("--holdout must be >= 0")
-    if options.batch_size < 1:
-        raise LpesError("--batch-size must be at least 1")
+        raise LpesError(f"--holdout must be >= 0, got {options.holdout}")
+    _check_range("--batch-size", options.batch_size, 1, MAX_BATCH_SIZE)
+    if options.dtype not in DTYPE_CHOICES:
+        raise LpesError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, got {options.dtype!r}")
+    _check_devices(options.device)
     check_replica_options(options.ray, options.replicas, options.gpus_per_replica, options.device)
     grid = ScaleGrid.parse(options.scale_grid)
     if not grid.values:
@@ -78,33 +87,64 @@ def check_options(options: SearchOptions) -> tuple[ScaleGrid, GASettings]:
     return grid, settings
 
 
+def _check_range(flag: str, value: int, low: int, high: int) -> None:
+    if not low <= value <= high:
+        raise LpesError(f"{flag} must be in {low}..{high}, got {value}")
+
+
+def _check_devices(requested: str | None) -> None:
+    """Every device asked for exists on this machine (cuda on a CPU-only machine fails here, not after loading)."""
+    from lpes.converter.loading import check_device
+
+    for name in (requested or "").split(","):
+        if name.strip():
+            check_device(name.strip())
+
+
+def resolve_dtype(options: SearchOptions) -> str:
+    """The dtype the replicas load: --dtype, or for auto what suits the devices they run on."""
+    from lpes.converter.loading import default_dtype
+    from lpes.search.replicas import requested_devices
+
+    if options.dtype != "auto":
+        return options.dtype
+    if options.ray is not None:  # Ray's GPUs are not visible to this process
+        return "float32" if options.device == "cpu" else "bfloat16"
+    chosen = {default_dtype(name) for name in requested_devices(options.device)}
+    return chosen.pop() if len(chosen) == 1 else "float32"  # a CPU among the devices: all in float32
+
+
 def search(model: str, out: str | Path, options: SearchOptions = SearchOptions(), force: bool = False,
            progress: bool = True) -> Spec:
     """Find the curve for `model`; write the spec to `out` and the plots next to it."""
     from lpes.converter.loading import load_config, model_fingerprint, resolve_model
     from lpes.converter.reference import check_layout
-    from lpes.validation.tasks import load_examples
+    from lpes.outputs import check_output_file, check_outside_model
+    from lpes.validation.tasks import check_vocabulary, examples_for, split_provenance, task_config
 
-    out = Path(out)
     grid, settings = check_options(options)
-    if out.exists() and not force:
-        raise LpesError(f"{out} exists; pass --force to overwrite it")
+    out = check_output_file(out, force)  # not empty, not a folder, not there without --force (lpes/outputs.py)
     model_path = resolve_model(model)
+    check_outside_model(out, model_path)
     config = load_config(model_path)
     check_layout(config)
-    examples = load_examples(model_path, options.data, use_chat_template=options.chat_template, split="search")
+    task = task_config(model_path, options.data)
+    examples = examples_for(task, model_path, use_chat_template=options.chat_template, split="search")
     if not examples:
         raise LpesError("the calibration data has no examples")
-    holdout = _across_positions(load_examples(model_path, options.data, use_chat_template=options.chat_template,
-                                              split="validation"), options.holdout)
+    held_out_data = examples_for(task, model_path, use_chat_template=options.chat_template, split="validation")
     space = SearchSpace(grid, config.num_hidden_layers, options.degree)
     tokenizer = _tokenizer(model_path)
+    check_vocabulary(tokenizer, [f"{e.prompt} {e.answer}" for e in examples + held_out_data], "--data")
+    holdout = _held_out_examples(held_out_data, options.holdout)
+    dtype = resolve_dtype(options)
     checkpoint = out.with_name(out.name + ".state.json")
     started = time.time()
-    state = _resume(checkpoint, options, model_path, force)
-    key = _settings_key(options, model_path)
+    # The resolved dtype, not "auto", decides what may resume: float32 and bfloat16 runs score differently.
+    state = _resume(checkpoint, replace(options, dtype=dtype), model_path, force)
+    key = _settings_key(replace(options, dtype=dtype), model_path)
     pool = open_pool(model_path, tokenizer, examples, method=options.method, batch_size=options.batch_size,
-                     device=options.device, ray=options.ray, replicas=options.replicas,
+                     dtype=dtype, device=options.device, ray=options.ray, replicas=options.replicas,
                      gpus_per_replica=options.gpus_per_replica)
     # Racing chunks start at one example per replica (most hopeless genomes fail at once) and double
     # up to one full batch per replica: coarser chunks would waste tokens.
@@ -129,7 +169,9 @@ def search(model: str, out: str | Path, options: SearchOptions = SearchOptions()
     provenance = {
         "model": model_fingerprint(config),
         "base_model": model,
-        "search": {**asdict(options), **_NO_LAYOUT, "calibration_examples": len(examples),
+        "search": {**asdict(options), **_NO_LAYOUT, "dtype": dtype, "calibration_examples": len(examples),
+                   "calibration_data": split_provenance(task, "search"),
+                   "held_out_data": split_provenance(task, "validation", -(-len(holdout) // _gold_count(holdout))),
                    "fitness": state.parents[0].fitness, "evaluations": state.evaluations,
                    "raced_out": state.raced_out, "duplicates_skipped": state.duplicates_skipped,
                    "forward_tokens": state.forward_tokens, "tokens_to_best_fitness": state.tokens_to_best,
@@ -147,6 +189,19 @@ def search(model: str, out: str | Path, options: SearchOptions = SearchOptions()
     return spec
 
 
+def _held_out_examples(examples: list, count: int) -> list:
+    """`_across_positions`, saying so in one line when the data holds fewer than --holdout asks for."""
+    if len(examples) < count:
+        per_index = len(examples) // max(1, _gold_count(examples))
+        print(f"lpes-search: --holdout {count}: the held-out data holds {len(examples)} examples ({per_index} per "
+              f"gold index x {_gold_count(examples)}); using {len(examples)}", file=sys.stderr)
+    return _across_positions(examples, count)
+
+
+def _gold_count(examples: list) -> int:
+    return max(1, len({e.gold_index for e in examples}))
+
+
 def _across_positions(examples: list, count: int) -> list:
     """The first `count` examples taken in turn from each gold position (the data comes grouped by position)."""
     groups: dict[int, list] = {}
@@ -157,9 +212,9 @@ def _across_positions(examples: list, count: int) -> list:
 
 
 def _tokenizer(model_path: Path):
-    from transformers import AutoTokenizer
+    from lpes.converter.loading import load_tokenizer
 
-    return AutoTokenizer.from_pretrained(model_path)
+    return load_tokenizer(model_path)
 
 
 def _settings_key(options: SearchOptions, model_path: Path) -> str:
@@ -171,14 +226,23 @@ def _resume(checkpoint: Path, options: SearchOptions, model_path: Path, force: b
     """The state saved by an interrupted run of the same search, else None."""
     if not checkpoint.is_file():
         return None
-    data = json.loads(checkpoint.read_text())
+    try:
+        data = json.loads(checkpoint.read_text())
+        generation = data["state"]["generation"]
+        state = SearchState.from_json(data["state"])
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as err:
+        if force:
+            print(f"lpes-search: ignoring {checkpoint} (unreadable; --force)", file=sys.stderr)
+            return None
+        raise LpesError(f"{checkpoint} is not a readable search checkpoint ({type(err).__name__}); delete it to "
+                        "start over, or pass --force") from None
     if data.get("settings_key") != _settings_key(options, model_path):
         if not force:
             raise LpesError(f"{checkpoint} is from a search with other settings; delete it or pass --force")
         print(f"lpes-search: ignoring {checkpoint} (other settings; --force)", file=sys.stderr)
         return None
-    print(f"lpes-search: resuming from {checkpoint} (generation {data['state']['generation']})", file=sys.stderr)
-    return SearchState.from_json(data["state"])
+    print(f"lpes-search: resuming from {checkpoint} (generation {generation})", file=sys.stderr)
+    return state
 
 
 def _held_out(pool: ReplicaPool, examples, best: Spec) -> dict:
@@ -195,7 +259,8 @@ def _write_outputs(spec: Spec, state: SearchState, out: Path) -> None:
 
     dump_spec(spec, out)
     plot_curve(spec, out.with_name(out.stem + "_curve.png"), title="LPES curve found by lpes-search")
-    plot_fitness(state.history, out.with_name(out.stem + "_fitness.png"))
+    plot_fitness(state.history, out.with_name(out.stem + "_fitness.png"), uniform=state.uniform,
+                 examples=len(state.failures), model=spec.base_model)  # failures: one count per example
 
 
 class _Reporter:

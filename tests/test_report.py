@@ -11,10 +11,12 @@ import torch
 from conftest import tiny_model_dir
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+import lpes
 from lpes.converter.hf_folder import write_hf_folder
 from lpes.converter.loading import resolve_model
 from lpes.converter.reference import apply
 from lpes.errors import LpesError
+from lpes.exporters import targets
 from lpes.spec import Spec
 from lpes.validation import report, scoring
 from lpes.validation.examples import Example
@@ -42,7 +44,7 @@ def conversion(tmp_path_factory):
     model_dir = tiny_model_dir("llama", tmp)
     out = tmp / "out"
     out.mkdir()
-    write_hf_folder(model_dir, SPEC, out, "tiny-llama", "test")
+    write_hf_folder(model_dir, SPEC, out, "tiny-llama", lpes.__version__)
     try:
         from lpes.exporters.onnx_export import export_onnx
 
@@ -104,6 +106,24 @@ def test_onnx_export_gives_the_reference_answers_in_float32(conversion):
     assert onnx.disagreements == [] and result.passed
 
 
+def register_fake(monkeypatch, make_runner) -> None:
+    """A registered export target "fake" whose runner is `make_runner()` and whose dtype its sidecar names."""
+
+    class Fake(targets.Target):
+        name, folder, marker = "fake", "fake", "lpes_fake.json"
+
+        @classmethod
+        def open(cls, folder, run):
+            return targets.OpenedExport(make_runner(), "fake runtime", cls.export_dtype(folder, run))
+
+        @classmethod
+        def export_dtype(cls, folder, run):
+            return json.loads((folder / cls.marker).read_text())["dtype"]
+
+    targets.registry()  # the built-ins first, so the fake is one more
+    monkeypatch.setitem(targets._REGISTRY, "fake", Fake)
+
+
 class OneWrongAnswer:
     """A runner that answers like the reference except on one prompt (an export with one bad example)."""
 
@@ -123,10 +143,10 @@ def test_an_export_that_disagrees_fails_and_keeps_the_prompts(conversion, monkey
     (out / "fake").mkdir(exist_ok=True)
     (out / "fake" / "lpes_fake.json").write_text(json.dumps({"dtype": "float16"}))
 
-    def load(folder, torch_dtype):
-        return OneWrongAnswer(apply(AutoModelForCausalLM.from_pretrained(model_dir).eval(), SPEC), 0, bad)
+    def wrong_on_one():
+        return OneWrongAnswer(apply(AutoModelForCausalLM.from_pretrained(model_dir), SPEC), 0, bad)
 
-    monkeypatch.setitem(report.EXPORT_VARIANTS, "fake", report.ExportVariant("fake", ("lpes_fake.json",), load))
+    register_fake(monkeypatch, wrong_on_one)
     # 12 examples: float16 allows int(0.02 * 12) = 0; 60 (each prompt 5 times, 5 bad) allows 1.
     for copies, allowed in ((1, 0), (5, 1)):
         result = report.validate(model_dir, out, SPEC, examples * copies, variants=["fake"], progress=False)
@@ -147,10 +167,10 @@ def test_float16_threshold_lets_one_near_tie_through(conversion, monkeypatch):
     bad = scoring.encode_prompt(tokenizer, many[0].prompt)  # one of 60 distinct prompts
     (out / "fake").mkdir(exist_ok=True)
 
-    def load(folder, torch_dtype):
-        return OneWrongAnswer(apply(AutoModelForCausalLM.from_pretrained(model_dir).eval(), SPEC), 0, bad)
+    def wrong_on_one():
+        return OneWrongAnswer(apply(AutoModelForCausalLM.from_pretrained(model_dir), SPEC), 0, bad)
 
-    monkeypatch.setitem(report.EXPORT_VARIANTS, "fake", report.ExportVariant("fake", ("lpes_fake.json",), load))
+    register_fake(monkeypatch, wrong_on_one)
     for dtype, passed in (("float16", True), ("float32", False)):
         (out / "fake" / "lpes_fake.json").write_text(json.dumps({"dtype": dtype}))
         result = report.validate(model_dir, out, SPEC, many, variants=["fake"], progress=False)

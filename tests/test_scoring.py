@@ -124,7 +124,17 @@ def test_left_pad_positions_count_real_tokens_only():
     ids, mask, positions = scoring.left_pad([[5, 6, 7], [8]], pad_id=0)
     assert ids.tolist() == [[5, 6, 7], [0, 0, 8]]
     assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
-    assert positions.tolist() == [[0, 1, 2], [0, 0, 0]]
+    assert positions.tolist() == [[0, 1, 2], [1, 1, 0]]  # padded slots as transformers' generate has them
+
+
+def test_batches_are_bounded_by_tokens_not_only_by_examples():
+    lengths = [5000, 5600, 300, 200, 6000, 250]
+    batches = scoring._batches(lengths, batch_size=8, max_tokens=8192)
+    assert sorted(i for b in batches for i in b) == list(range(6))
+    for batch in batches:  # each batch's padded size stays within the budget, or is one example
+        assert len(batch) == 1 or len(batch) * max(lengths[i] for i in batch) <= 8192
+    assert [len(b) for b in batches] == [1, 1, 1, 3]
+    assert scoring._batches(lengths, batch_size=2, max_tokens=10**9) == [[4, 1], [0, 2], [5, 3]]
 
 
 def test_forward_token_count(model_and_tokenizer):

@@ -45,7 +45,8 @@ from lpes.exporters.tensorrt_profiles import (  # noqa: E402
     profile_from_args,
     trtexec_shape_flags,
 )
-from lpes.validation.ort_runner import OrtCausalLM, left_pad, positions_from_mask  # noqa: E402
+from lpes.validation.ort_runner import OrtCausalLM  # noqa: E402
+from lpes.validation.padding import left_pad  # noqa: E402
 
 torch.set_num_threads(1)
 SPEC = Spec.from_scales([2.0, 1.0, 4.0])
@@ -99,6 +100,32 @@ def test_default_profile_is_consistent_for_any_model_length(positions):
     assert p.sequence.max <= p.total.max and p.past.max < p.total.max
     assert p.sequence.opt + p.past.opt == p.total.opt <= p.total.max
     assert (p.sequence.min, p.past.min, p.total.min) == (1, 0, 1)
+
+
+@pytest.mark.parametrize(
+    ("positions", "scale", "total"),
+    [
+        (256, 4.0, 1024),  # the demo: the bundled model (256 positions) validated at 1024 tokens
+        (512, 2.5, 1280),
+        (4096, 16.0, 32768),  # capped: 65536 would size the engine's activations for a 64k context
+        (131072, 2.0, 131072),  # the cap never cuts the model's own positions
+        (512, 0.5, 512),  # a spec that compresses positions still gets the model's own range
+    ],
+)
+def test_default_profile_covers_the_lengths_the_lpes_spec_is_used_at(positions, scale, total):
+    profile = default_profile(positions, max_scale=scale)
+    assert (profile.total.max, profile.sequence.max, profile.past.max) == (total, total, total - 1)
+    assert profile.sequence.opt + profile.past.opt == profile.total.opt <= total
+
+
+def test_max_total_may_reach_but_not_pass_what_the_spec_covers():
+    assert default_profile(4096, max_scale=16.0, max_total=65536).total.max == 65536  # past the cap on request
+    says = "max_position_embeddings (256) x the spec's largest scale (4) = 1024"
+    with pytest.raises(LpesError, match=re.escape(says)):
+        default_profile(256, max_scale=4.0, max_total=1025)
+    parser = argparse.ArgumentParser()
+    add_profile_arguments(parser)
+    assert profile_from_args(parser.parse_args([]), 256, 4.0).total.max == 1024
 
 
 def test_profile_flags_override_the_defaults():
@@ -244,8 +271,7 @@ def _feeds(ids, mask, positions, past, dtype):
 def _prompts():
     rng = np.random.default_rng(0)
     rows = [list(rng.integers(3, 100, size=n)) for n in (12, 7)]
-    ids, mask = left_pad(rows)
-    return ids, mask, positions_from_mask(mask)
+    return left_pad(rows)
 
 
 def _bound(reference: np.ndarray, dtype: str) -> float:
@@ -395,7 +421,8 @@ def test_without_the_tensorrt_package_it_says_so_and_leaves_the_recipe(export, t
     for flag in ("--minShapes=", "--optShapes=", "--maxShapes="):
         listed = command.split(flag)[1].split()[0].split(",")
         assert [item.rsplit(":", 1)[0] for item in listed] == inputs
-    assert "past_key_values.2.value:8x2x511x8" in command  # max batch, kv heads, max past, head dim
+    # max batch, kv heads, max past (512 positions x SPEC's largest scale 4, less the newest token), head dim
+    assert "past_key_values.2.value:8x2x2047x8" in command
     assert "trtexec" in capsys.readouterr().err  # the command is printed too
     assert "GPU model and the TensorRT version" in (out / "README.md").read_text()
 
@@ -565,7 +592,8 @@ def test_a_build_writes_engine_sidecar_and_timing_cache(export, tmp_path, monkey
     assert sidecar["tensorrt"] == "11.1.0" and sidecar["gpu"] == {"name": "NVIDIA H200", "compute_capability": "9.0"}
     assert sidecar["inputs"] == inputs and sidecar["outputs"][0] == "logits"
     assert sidecar["spec"]["scales"] == list(SPEC.scales) and sidecar["dtype"] == "float16"
-    assert sidecar["profile"] == default_profile(MAX_POSITIONS).to_json()
+    assert sidecar["profile"] == default_profile(MAX_POSITIONS, max_scale=4.0).to_json()
+    assert sidecar["profile"]["total"][2] == MAX_POSITIONS * 4  # the lengths SPEC's largest scale reaches
     assert sidecar["shapes"]["past_key_values.0.key"]["max"] == list(fake.calls["shapes"]["past_key_values.0.key"][2])
 
 
@@ -609,8 +637,7 @@ def test_engine_generates_like_the_reference(export, tmp_path, dtype):
     engine = TrtCausalLM(tmp_path)
     model = apply(load_model(model_dir, "float32"), SPEC).eval()
     rows = [list(range(5, 69)), list(range(10, 50)), [7]]  # 64, 40 and 1 tokens: left padding
-    ids, mask = left_pad(rows)
-    positions = positions_from_mask(mask)
+    ids, mask, positions = left_pad(rows)
     with torch.no_grad():
         reference = model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
                           position_ids=torch.from_numpy(positions)).logits.float().numpy()

@@ -8,6 +8,7 @@ included, which numpy cannot hold.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ import numpy as np
 from lpes.errors import LpesError
 from lpes.exporters import onnx_io
 from lpes.exporters.onnx_export import MODEL_FILE, read_metadata
+from lpes.validation.padding import left_pad
 
 CPU, CUDA = "CPUExecutionProvider", "CUDAExecutionProvider"
 _PROVIDER_ALIASES = {"cpu": CPU, "cuda": CUDA, CPU.lower(): CPU, CUDA.lower(): CUDA}
@@ -168,8 +170,7 @@ def greedy_decode(step, rows: list[list[int]], past, max_new_tokens: int, eos_to
     Rows are left-padded; a row stops at its first end token. Returns the new tokens per
     row and the logits each step chose from.
     """
-    ids, mask = left_pad(rows)
-    positions = positions_from_mask(mask)
+    ids, mask, positions = left_pad(rows)
     new_tokens: list[list[int]] = [[] for _ in rows]
     done = np.zeros(len(rows), dtype=bool)
     step_logits = []
@@ -191,23 +192,6 @@ def greedy_decode(step, rows: list[list[int]], past, max_new_tokens: int, eos_to
     return new_tokens, step_logits
 
 
-def left_pad(rows: list[list[int]], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """(input_ids, attention_mask) with each row right-aligned; padding is masked out."""
-    width = max(len(row) for row in rows)
-    ids = np.full((len(rows), width), pad_id, dtype=np.int64)
-    mask = np.zeros((len(rows), width), dtype=np.int64)
-    for i, row in enumerate(rows):
-        ids[i, width - len(row):] = row
-        mask[i, width - len(row):] = 1
-    return ids, mask
-
-
-def positions_from_mask(mask: np.ndarray) -> np.ndarray:
-    """Positions count real tokens only, so a left-padded row starts at 0 (as transformers' generate)."""
-    positions = np.cumsum(mask, axis=1) - 1
-    return np.where(mask == 0, 1, positions).astype(np.int64)
-
-
 def _resolve_provider(provider: str | None) -> str:
     if provider is None:
         return default_provider()
@@ -224,17 +208,28 @@ def _resolve_provider(provider: str | None) -> str:
 
 def generate_text(onnx_dir: Path, prompt: str, max_new_tokens: int = 64, provider: str | None = None) -> str:
     """Greedy continuation of `prompt` by the export in `onnx_dir` (tokenizer from the same folder)."""
-    from transformers import AutoTokenizer
+    from lpes.converter.loading import load_tokenizer
+    from lpes.validation.tasks import check_vocabulary
 
     onnx_dir = Path(onnx_dir)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(onnx_dir)
-    except (OSError, ValueError) as err:
-        raise LpesError(f"no usable tokenizer in {onnx_dir}: {str(err).splitlines()[0]}") from None
-    lm = OrtCausalLM(onnx_dir, provider)
+    tokenizer = load_tokenizer(onnx_dir)
+    check_vocabulary(tokenizer, [prompt], "the prompt")  # before the session loads: one line, not a traceback
     ids = tokenizer(prompt)["input_ids"]
+    _warn_past_positions(onnx_dir, len(ids), max_new_tokens)
+    lm = OrtCausalLM(onnx_dir, provider)
     new = lm.greedy([ids], max_new_tokens, _eos_token_id(onnx_dir, tokenizer))[0]
     return tokenizer.decode(new, skip_special_tokens=True)
+
+
+def _warn_past_positions(onnx_dir: Path, prompt_tokens: int, max_new_tokens: int) -> None:
+    """One line when generation may run past the positions the model was trained on (config.json)."""
+    path = onnx_dir / "config.json"
+    trained = json.loads(path.read_text()).get("max_position_embeddings") if path.is_file() else None
+    last = prompt_tokens + max_new_tokens
+    if isinstance(trained, int) and last > trained:
+        print(f"lpes-generate: note: the prompt ({prompt_tokens} tokens) + {max_new_tokens} new tokens may reach "
+              f"position {last}, past the {trained} the model was trained on (max_position_embeddings)",
+              file=sys.stderr)
 
 
 def _eos_token_id(onnx_dir: Path, tokenizer) -> int | list[int] | None:

@@ -28,7 +28,8 @@ import torch
 from lpes.converter.loading import load_config, load_model
 from lpes.converter.reference import apply
 from lpes.spec import Spec
-from lpes.validation.ort_runner import OrtCausalLM, left_pad, positions_from_mask
+from lpes.validation.ort_runner import OrtCausalLM
+from lpes.validation.padding import left_pad
 
 
 @dataclass(frozen=True)
@@ -155,8 +156,8 @@ def check_parity(model_path: Path, spec: Spec, onnx_dir: Path, dtype: str, num_t
         passed=not failures,
         provider=runner.provider,
         dtype=dtype,
-        model_path=str(model_path),
-        onnx_dir=str(onnx_dir),
+        model_path=model_path.name,  # names, not paths: the report is published in the folder
+        onnx_dir=f"{onnx_dir.name}/",
         num_tokens=num_tokens,
         tolerance=asdict(tolerance),
         scales=list(spec.scales),
@@ -189,8 +190,7 @@ def _prompts(config) -> dict[str, list[list[int]]]:
 
 def _check_case(model, runner: OrtCausalLM, name: str, rows: list[list[int]], num_tokens: int, tol: Tolerance):
     result = CaseResult(name, [len(r) for r in rows])
-    ids, mask = left_pad(rows)
-    positions = positions_from_mask(mask)
+    ids, mask, positions = left_pad(rows)
     reference = _reference_logits(model, ids, mask, positions)
     onnx = runner.step(ids, mask, positions, runner.empty_past(len(rows)))[0]
     real = mask.astype(bool)  # padded positions have no meaning; compare real tokens only
@@ -273,8 +273,7 @@ def _unscaled_difference(model, runner: OrtCausalLM, spec: Spec, rows: list[list
     if all(s == 1.0 for s in spec.scales):
         return None
     apply(model, Spec.from_scales([1.0] * len(spec.scales)))  # all ones removes the patch
-    ids, mask = left_pad(rows)
-    positions = positions_from_mask(mask)
+    ids, mask, positions = left_pad(rows)
     unscaled = _reference_logits(model, ids, mask, positions)
     onnx = runner.step(ids, mask, positions, runner.empty_past(len(rows)))[0]
     return float(np.abs(onnx - unscaled).max())

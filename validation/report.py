@@ -4,10 +4,11 @@ Variants, in order:
 
 - `unscaled`: the base model as it ships (PyTorch);
 - `reference`: the same model patched with the spec (`converter.reference.apply`);
-- every export found in the output folder (`EXPORT_VARIANTS`): the Hub folder
-  (loaded with trust_remote_code), `onnx/` (onnxruntime), `genai/`
-  (onnxruntime-genai), `tensorrt/` (TensorRT, on a GPU). An export that cannot
-  run on this machine (no GPU, runtime not installed) is reported as skipped.
+- every export found in the output folder, one per registered target
+  (`lpes.exporters.targets`): the Hub folder (its own code, checked byte for byte
+  first), `onnx/` (onnxruntime), `genai/` (onnxruntime-genai), `tensorrt/`
+  (TensorRT, on a GPU). An export that cannot run on this machine (no GPU, runtime
+  not installed) is reported as skipped.
 
 Every variant decodes greedily on the same examples (`scoring.greedy_correct`). An
 export passes when its greedy output differs from the reference's on no more
@@ -23,17 +24,20 @@ Writes into the output folder: `validation.json` (everything), `validation.md`
 from __future__ import annotations
 
 import json
-import os
-import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from lpes import plots
 from lpes.errors import LpesError
+from lpes.exporters.targets import RunContext, RunnerUnavailable, registry
 from lpes.spec import Spec, load_spec, write_text_atomic
-from lpes.validation import scoring
+from lpes.validation import checks, scoring
 from lpes.validation.examples import Example
+
+if TYPE_CHECKING:
+    from lpes.converter.model_card import Measured
 
 FORMAT = "lpes-validation"
 VERSION = 1
@@ -45,77 +49,10 @@ UNIFORM = "best uniform"
 # runtimes differ only in rounding, far below the logit gaps of a greedy choice; half
 # precision moves logits by ~1e-3 relative and flips a near-tie now and then.
 MAX_DISAGREEMENT = {"float32": 0.0, "float16": 0.02, "bfloat16": 0.05}
-
-
-class VariantUnavailable(Exception):
-    """An export is present but cannot run here (no GPU, runtime not installed, no runner yet)."""
-
-
-@dataclass(frozen=True)
-class ExportVariant:
-    """How to find one kind of export in the output folder and how to score it."""
-
-    folder: str  # relative to the output folder; "." is the folder itself
-    markers: tuple[str, ...]  # glob patterns; the export is there when any matches
-    load: Callable[[Path, str], Any]  # (folder, reference dtype) -> transformers model or GreedyRunner
-
-    def find(self, out_dir: Path) -> Path | None:
-        folder = out_dir / self.folder
-        return folder if any(any(folder.glob(m)) for m in self.markers) else None
-
-
-def _load_hf(folder: Path, dtype: str):
-    from transformers import AutoModelForCausalLM
-
-    from lpes.converter.loading import DTYPES
-
-    # The Hub folder's own modeling_lpes.py + lpes_rope.py: what a user of the folder runs.
-    model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, dtype=DTYPES[dtype])
-    return model.eval()
-
-
-def _load_onnx(folder: Path, dtype: str):
-    _require("onnxruntime", "onnx")
-    from lpes.validation.ort_runner import OrtCausalLM, check_dtype_supported
-
-    try:
-        check_dtype_supported(export_dtype(folder) or "float32")
-    except LpesError as why:  # bfloat16 without a GPU: the export may be fine, this machine cannot run it
-        raise VariantUnavailable(str(why)) from None
-    return OrtCausalLM(folder)
-
-
-def _load_genai(folder: Path, dtype: str):
-    _require("onnxruntime_genai", "genai")
-    from lpes.validation.genai_runner import GenaiGreedy
-
-    return GenaiGreedy(folder)
-
-
-def _load_tensorrt(folder: Path, dtype: str):
-    _require("tensorrt", "tensorrt")
-    import torch
-
-    if not torch.cuda.is_available():  # engines run on the GPU they were built for
-        raise VariantUnavailable("a TensorRT engine needs an NVIDIA GPU and a CUDA build of torch")
-    from lpes.validation.trt_runner import TrtCausalLM
-
-    return TrtCausalLM(folder)
-
-
-def _require(module: str, extra: str) -> None:
-    import importlib.util
-
-    if importlib.util.find_spec(module) is None:
-        raise VariantUnavailable(f"{module} is not installed (pip install 'lpes[{extra}]')")
-
-
-EXPORT_VARIANTS: dict[str, ExportVariant] = {
-    "hf": ExportVariant(".", ("modeling_lpes.py",), _load_hf),
-    "onnx": ExportVariant("onnx", ("model.onnx",), _load_onnx),
-    "tensorrt": ExportVariant("tensorrt", ("model.engine",), _load_tensorrt),
-    "genai": ExportVariant("genai", ("genai_config.json",), _load_genai),
-}
+DEFAULT_MAX_SECONDS = 20 * 60  # key-value scoring longer than this (estimated) is left to lpes-validate
+MAX_ROPE_POSITIONS = 32768  # the RoPE check's positions (it allocates positions x head_dim per scale)
+# LPES below the unscaled model by more than this share of examples is reported as harm, not noise.
+WORSE_MARGIN = 0.02
 
 
 @dataclass
@@ -145,15 +82,28 @@ class VariantResult:
 
 @dataclass
 class ValidationReport:
-    model: str
+    model: str  # as the user named it (a Hub id or a folder's name), never a path of this machine
     examples: list[Example]
     variants: list[VariantResult]
     max_new_tokens: int | None
+    checks: list[checks.Check] = field(default_factory=list)
     files: list[Path] = field(default_factory=list)
+    prompt_tokens: list[int] = field(default_factory=list)  # per example, as scored (the plot's caption)
 
     @property
     def passed(self) -> bool:
-        return all(v.passed for v in self.variants)
+        return all(v.passed for v in self.variants) and all(c.passed for c in self.checks)
+
+    def harm(self) -> str | None:
+        """A plain sentence when the LPES curve makes the model worse than it was unscaled."""
+        names = {v.name for v in self.variants if v.scores is not None}
+        if not {UNSCALED, REFERENCE} <= names:
+            return None
+        before, after = self.variant(UNSCALED).scores.accuracy, self.variant(REFERENCE).scores.accuracy
+        if after >= before - WORSE_MARGIN:
+            return None
+        return (f"the LPES curve makes this model WORSE: {100 * after:.1f}% with it, {100 * before:.1f}% "
+                "unscaled (the exports agreeing with the reference does not make the curve good)")
 
     @property
     def gold_indices(self) -> list[int]:
@@ -168,7 +118,7 @@ class ValidationReport:
             f"{len(self.examples)} examples ({v.dtype}: at most {v.allowed} allowed)"
             for v in self.variants
             if not v.passed
-        ]
+        ] + [f"{c.name}: {c.detail}" for c in self.checks if c.name != "kv" and not c.passed]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -179,6 +129,8 @@ class ValidationReport:
             "num_examples": len(self.examples),
             "gold_indices": self.gold_indices,
             "max_new_tokens": self.max_new_tokens,
+            "checks": [c.to_json() for c in self.checks],
+            "harm": self.harm(),
             "variants": [v.to_json() for v in self.variants],
             "examples": self._examples_json(),
         }
@@ -197,6 +149,15 @@ class ValidationReport:
         return rows
 
     def markdown(self) -> str:
+        lines = ["Checks:", ""] + [f"- {c.line()}" for c in self.checks] + [""]
+        if self.variants:
+            lines += self._table()
+        if self.harm():
+            lines += [f"**Warning**: {self.harm()}.", ""]
+        lines.append("**passed**" if self.passed else "**FAILED**: " + "; ".join(self.failures()))
+        return "\n".join(lines) + "\n"
+
+    def _table(self) -> list[str]:
         gold = self.gold_indices
         per_index = len(self.examples) // max(len(gold), 1)
         lines = [
@@ -208,16 +169,29 @@ class ValidationReport:
         ]
         for v in self.variants:
             lines.append(_markdown_row(v, gold, len(self.examples)))
-        lines += ["", f"![accuracy by gold index]({PLOT_FILE})", ""]
-        lines.append("**passed**" if self.passed else "**FAILED**: " + "; ".join(self.failures()))
-        return "\n".join(lines) + "\n"
+        return lines + ["", f"![accuracy by gold index]({PLOT_FILE})", ""]
+
+    def measured(self) -> Measured | None:
+        """The numbers the model card states; None when key-value scoring did not run."""
+        from lpes.converter.model_card import Accuracy, Measured
+
+        scored = {v.name: v for v in self.variants if v.scores is not None}
+        if UNSCALED not in scored or REFERENCE not in scored:
+            return None
+
+        def accuracy(v: VariantResult) -> Accuracy:
+            return Accuracy(v.scores.accuracy, v.scores.accuracy_by_gold_index())
+
+        uniform = next((v for name, v in scored.items() if name.startswith(UNIFORM)), None)
+        exports = [v for v in scored.values() if v.allowed is not None]
+        lengths = (min(self.prompt_tokens), max(self.prompt_tokens)) if self.prompt_tokens else (0, 0)
+        return Measured(len(self.examples), self.examples[0].num_pairs, lengths, accuracy(scored[UNSCALED]),
+                        accuracy(scored[REFERENCE]), accuracy(uniform) if uniform else None,
+                        tuple(v.name for v in exports if v.passed), tuple(v.name for v in exports if not v.passed))
 
     def format(self) -> str:
         """What the CLI prints: the table, the verdict, and where the files are."""
-        text = self.markdown().replace(f"\n![accuracy by gold index]({PLOT_FILE})\n", "")
-        if self.files:
-            text += "wrote " + ", ".join(str(p) for p in self.files) + "\n"
-        return text
+        return self.markdown().replace(f"\n![accuracy by gold index]({PLOT_FILE})\n", "")
 
 
 def _markdown_row(v: VariantResult, gold: list[int], total: int) -> str:
@@ -247,25 +221,85 @@ def validate(
     chat_template: bool = True,
     reference_dtype: str = "float32",
     batch_size: int = 8,
+    max_batch_tokens: int = scoring.MAX_BATCH_TOKENS,
     max_new_tokens: int | None = None,
     variants: Sequence[str] | None = None,
     device: str | None = None,
+    max_seconds: float | None = DEFAULT_MAX_SECONDS,
+    model_name: str | None = None,
+    shown_dir: Path | None = None,
     progress: bool = True,
 ) -> ValidationReport:
-    """Score the unscaled model, the LPES reference and every export in `out_dir`; write the report files.
+    """Check the RoPE of every layer, then score the unscaled model, the LPES reference and every export.
 
     `spec` None: read `out_dir/lpes_spec.json` (or `out_dir/onnx/lpes_spec.json`).
     `examples` None: `tasks.load_examples(model_path, data, use_chat_template=chat_template)`.
-    `variants` limits the exports scored (names of `EXPORT_VARIANTS`); None: all found.
-    An export's dtype (which sets its disagreement threshold) is read from its
-    folder (`lpes_onnx.json` ...), else float32. The torch variants run in
+    `variants` limits the exports scored (target names); None: all found.
+    The key-value scoring runs only when there is a tokenizer, the weights fit in
+    memory and the estimated time is within `max_seconds` (None: no limit); else the
+    report says why it was skipped and how to run it (`lpes-validate` names
+    `shown_dir`, the folder as the user will see it). The torch variants run in
     `reference_dtype` on `device` (default: cuda when available).
     """
-    from tqdm.auto import tqdm
+    from lpes.converter.loading import load_config
 
     out_dir = Path(out_dir)
     spec = spec if spec is not None else find_spec(out_dir)
-    tokenizer = _load_tokenizer(model_path)
+    config = load_config(Path(model_path))
+    spec = spec.for_layers(config.num_hidden_layers)
+    name = model_name or spec.provenance.get("base_model") or Path(model_path).name
+    name = Path(name).name if Path(str(name)).is_absolute() else str(name)  # no paths of this machine
+    rerun = f"lpes-validate {shown_dir or out_dir} --model {name}"
+    exports = _found_exports(out_dir, variants)
+    rope = checks.rope_check(config, spec, _positions_to_check(config, spec))
+    kv_plan = _plan_kv(model_path, config, examples, data, chat_template, reference_dtype, device,
+                       2 + len(exports) + _has_uniform(spec), max_seconds)
+    results: list[VariantResult] = []
+    if kv_plan.skipped is None:
+        results = _score_all(model_path, spec, kv_plan, exports, reference_dtype, device, batch_size,
+                             max_batch_tokens, max_new_tokens, progress)
+        verdict = "passed" if all(v.passed for v in results) else "failed"
+        kv = checks.Check("kv", verdict, f"{len(kv_plan.examples)} examples, {kv_plan.estimate}")
+    else:
+        kv = checks.Check("kv", "skipped", f"{kv_plan.skipped}; to run it where it fits: {rerun}")
+    report = ValidationReport(name, kv_plan.examples, results, max_new_tokens, [rope, kv],
+                              prompt_tokens=kv_plan.prompt_tokens)
+    write_report(report, out_dir)
+    return report
+
+
+@dataclass
+class KvPlan:
+    skipped: str | None  # why key-value scoring does not run here; None: it runs
+    tokenizer: Any = None
+    examples: list[Example] = field(default_factory=list)
+    estimate: str = ""
+    prompt_tokens: list[int] = field(default_factory=list)
+
+
+def _has_uniform(spec: Spec) -> int:
+    return int(spec.best_uniform_scale is not None)
+
+
+def _positions_to_check(config, spec: Spec) -> int:
+    """Every position the model is used at: its trained length times the largest scale (capped)."""
+    trained = int(getattr(config, "max_position_embeddings", 0) or 4096)
+    return min(MAX_ROPE_POSITIONS, max(trained, int(trained * max(spec.scales))))
+
+
+def _plan_kv(model_path: Path, config, examples, data, chat_template, dtype, device, variants, max_seconds) -> KvPlan:
+    """Whether key-value scoring fits here: a tokenizer, memory for the weights, time within the budget."""
+    from lpes.converter.loading import DTYPES, has_tokenizer, load_tokenizer
+
+    if not has_tokenizer(model_path):
+        return KvPlan(f"{Path(model_path).name} has no tokenizer files, so no prompts can be built")
+    params = checks.parameter_count(model_path)
+    needed = params * DTYPES[dtype].itemsize
+    available = checks.available_memory()
+    if available is not None and needed > checks.MEMORY_SHARE * available:
+        return KvPlan(f"the weights take {checks.format_bytes(needed)} in {dtype}; this machine has "
+                      f"{checks.format_bytes(available)} available")
+    tokenizer = load_tokenizer(model_path)
     if examples is None:
         from lpes.validation.tasks import load_examples
 
@@ -273,27 +307,40 @@ def validate(
     examples = list(examples)
     if not examples:
         raise LpesError("validation needs at least one example")
-    exports = _found_exports(out_dir, variants)
-    torch_variants = 3 if "best_uniform_scale" in spec.provenance.get("search", {}) else 2
-    total = len(examples) * (torch_variants + len(exports))
+    encoded = scoring.encode_examples(tokenizer, examples)
+    lengths = [len(e.prompt_ids) + len(e.answer_ids) for e in encoded]
+    where = _device(device)
+    rate = checks.EFFICIENCY * checks.matmul_rate(where, DTYPES[dtype])
+    seconds = variants * checks.forward_flops(params, config, lengths) / rate
+    estimate = f"about {checks.format_seconds(seconds)} on {where.type} (estimated)"
+    if max_seconds is not None and seconds > max_seconds:
+        return KvPlan(f"{len(examples)} examples x {variants} variants would take {estimate}, "
+                      f"over the {checks.format_seconds(max_seconds)} budget")
+    return KvPlan(None, tokenizer, examples, estimate, [len(e.prompt_ids) for e in encoded])
+
+
+def _score_all(model_path, spec, kv_plan: KvPlan, exports, reference_dtype, device, batch_size, max_batch_tokens,
+               max_new_tokens, progress) -> list[VariantResult]:
+    from tqdm.auto import tqdm
+
+    tokenizer, examples = kv_plan.tokenizer, kv_plan.examples
+    total = len(examples) * (2 + _has_uniform(spec) + len(exports))
     bar = tqdm(total=total, desc="lpes-validate", unit="example", disable=not progress)
 
     def score(name: str, model, eos) -> scoring.Scores:
         bar.set_postfix_str(name)
-        return scoring.greedy_correct(
-            model, tokenizer, examples, batch_size, max_new_tokens, progress=bar.update, eos_token_id=eos
-        )
+        return scoring.greedy_correct(model, tokenizer, examples, batch_size, max_new_tokens, progress=bar.update,
+                                      eos_token_id=eos, max_batch_tokens=max_batch_tokens)
 
     results, eos = _score_torch(model_path, spec, tokenizer, reference_dtype, device, score)
     reference = results[-1]
+    run = RunContext(reference_dtype, str(_device(device)), scoring.pad_token_id(None, tokenizer))
     for name, folder in exports:
-        results.append(_score_export(name, folder, reference, reference_dtype, device, eos, score))
+        results.append(_score_export(name, folder, reference, run, eos, score))
         if results[-1].status != "ok":
             bar.update(len(examples))
     bar.close()
-    report = ValidationReport(str(model_path), examples, results, max_new_tokens)
-    write_report(report, out_dir)
-    return report
+    return results
 
 
 def _score_torch(model_path: Path, spec: Spec, tokenizer, dtype: str, device: str | None, score):
@@ -304,7 +351,7 @@ def _score_torch(model_path: Path, spec: Spec, tokenizer, dtype: str, device: st
     model = load_model(Path(model_path), dtype).to(_device(device))
     eos = scoring.eos_token_ids(model, tokenizer)  # the exports' runners get the same stop tokens
     results = [VariantResult(UNSCALED, "ok", score(UNSCALED, model, eos or None))]
-    uniform = spec.provenance.get("search", {}).get("best_uniform_scale")
+    uniform = spec.best_uniform_scale
     if uniform is not None:  # the baseline a per-layer curve must beat, found by lpes-search
         apply(model, Spec.from_scales([uniform] * len(spec.scales)))
         name = f"{UNIFORM} s={uniform:g}"
@@ -315,51 +362,36 @@ def _score_torch(model_path: Path, spec: Spec, tokenizer, dtype: str, device: st
     return results, eos
 
 
-def _score_export(name, folder, reference: VariantResult, torch_dtype, device, eos, score) -> VariantResult:
+def _score_export(name, folder, reference: VariantResult, run: RunContext, eos, score) -> VariantResult:
+    target = registry()[name]
     try:
-        runner = EXPORT_VARIANTS[name].load(folder, torch_dtype)
-    except VariantUnavailable as why:
+        opened = target.open(folder, run)
+    except RunnerUnavailable as why:
         return VariantResult(name, "skipped", note=str(why))
-    if hasattr(runner, "greedy"):
-        note = str(getattr(runner, "provider", "") or type(runner).__name__)
-        dtype = export_dtype(folder) or getattr(runner, "dtype", None) or "float32"
-    else:  # a torch model: same device and dtype as the reference
-        runner, note, dtype = runner.to(_device(device)), "PyTorch, trust_remote_code", torch_dtype
-    scores = score(name, runner, eos or None)
+    scores = score(name, opened.runner, eos or None)
     differ = [
         r.example_id
         for r, ref in zip(scores.results, reference.scores.results, strict=True)
         if r.generated != ref.generated
     ]
-    allowed = int(MAX_DISAGREEMENT.get(dtype, 0.0) * len(scores.results))
-    return VariantResult(name, "ok", scores, note, dtype, differ, allowed)
+    # Held to the looser of the two precisions: a bfloat16 reference flips near-ties too.
+    share = max(MAX_DISAGREEMENT.get(opened.dtype, 0.0), MAX_DISAGREEMENT.get(run.reference_dtype, 0.0))
+    allowed = int(share * len(scores.results))
+    return VariantResult(name, "ok", scores, opened.note, opened.dtype, differ, allowed)
 
 
 def _found_exports(out_dir: Path, names: Sequence[str] | None) -> list[tuple[str, Path]]:
+    targets = registry()
     if names is not None:
-        unknown = [n for n in names if n not in EXPORT_VARIANTS]
+        unknown = [n for n in names if n not in targets]
         if unknown:
-            raise LpesError(f"unknown variant {unknown[0]!r} (known: {', '.join(EXPORT_VARIANTS)})")
+            raise LpesError(f"unknown variant {unknown[0]!r} (known: {', '.join(targets)})")
     found = []
-    for name, variant in EXPORT_VARIANTS.items():
-        folder = variant.find(out_dir)
+    for name, target in targets.items():
+        folder = target.find(out_dir)
         if folder is not None and (names is None or name in names):
             found.append((name, folder))
     return found
-
-
-def export_dtype(folder: Path) -> str | None:
-    """The dtype an exporter recorded in its sidecar (`lpes_onnx.json`, ...), if any."""
-    for path in sorted(folder.glob("lpes_*.json")):
-        if path.name == "lpes_spec.json":
-            continue
-        try:
-            dtype = json.loads(path.read_text()).get("dtype")
-        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-            continue
-        if isinstance(dtype, str):
-            return dtype
-    return None
 
 
 def find_spec(out_dir: Path) -> Spec:
@@ -379,7 +411,7 @@ def _load_tokenizer(model_path: Path):
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(model_path)
+        return AutoTokenizer.from_pretrained(model_path, trust_remote_code=False)
     except (OSError, ValueError) as err:
         raise LpesError(f"cannot load the tokenizer of {model_path}: {str(err).splitlines()[0]}") from None
 
@@ -393,40 +425,8 @@ def write_report(report: ValidationReport, out_dir: Path) -> list[Path]:
     json_path, md_path, png_path = out_dir / JSON_FILE, out_dir / MARKDOWN_FILE, out_dir / PLOT_FILE
     write_text_atomic(json_path, json.dumps(report.to_json(), indent=1) + "\n")
     write_text_atomic(md_path, report.markdown())
-    plot_accuracy(report, png_path)
-    report.files = [json_path, md_path, png_path]
+    report.files = [json_path, md_path]
+    if any(v.scores is not None for v in report.variants):
+        plots.plot_accuracy(report, png_path)
+        report.files.append(png_path)
     return report.files
-
-
-def plot_accuracy(report: ValidationReport, path: Path) -> Path:
-    """Accuracy against gold index, one line per scored variant."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
-    styles = {UNSCALED: ("o--", "gray"), REFERENCE: ("s-", "C0")}
-    for n, v in enumerate(report.variants):
-        if v.scores is None:
-            continue
-        by_index = v.scores.accuracy_by_gold_index()
-        style, color = styles.get(v.name, ("^:", f"C{n}"))
-        ax.plot(list(by_index), [100 * a for a in by_index.values()], style, color=color, label=v.name)
-    ax.set_xticks(report.gold_indices)
-    ax.set_xlabel("gold index (position of the needed pair)")
-    ax.set_ylabel("accuracy (%)")
-    ax.set_ylim(-3, 103)
-    ax.set_title("Key-value retrieval by position")
-    ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
-    os.close(fd)
-    try:
-        fig.savefig(tmp)
-        os.replace(tmp, path)
-    finally:
-        plt.close(fig)
-        Path(tmp).unlink(missing_ok=True)
-    return path

@@ -55,9 +55,13 @@ from typing import Protocol
 import torch
 
 from lpes.errors import LpesError
+from lpes.validation import padding
 from lpes.validation.examples import Example
 
 Progress = Callable[[int], None]  # called with the number of examples just scored
+# Padded token positions per batch. Activation memory follows tokens (and attention their
+# square), so a batch of 5-6k-token prompts must hold one or two, not eight.
+MAX_BATCH_TOKENS = 8192
 
 
 class GreedyRunner(Protocol):
@@ -162,36 +166,39 @@ def pad_token_id(model, tokenizer) -> int:
 # ---- batching ----
 
 
-def _batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
-    """Example indices grouped by similar length (longest first), so batches carry little padding."""
+def _batches(lengths: Sequence[int], batch_size: int, max_tokens: int = MAX_BATCH_TOKENS) -> list[list[int]]:
+    """Example indices grouped by similar length (longest first), so batches carry little padding.
+
+    A batch holds at most `batch_size` examples and at most `max_tokens` padded positions
+    (always at least one example): memory follows tokens, so long prompts go fewer at a time.
+    """
     if batch_size < 1:
         raise LpesError(f"batch size must be at least 1, got {batch_size}")
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    batches: list[list[int]] = []
+    for i in order:  # longest first: a batch's first row sets its padded width
+        if batches and len(batches[-1]) < batch_size and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= max_tokens:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
 
 
 def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """input_ids, attention_mask and position_ids for left-padded rows.
-
-    Positions count real tokens only, so every row sees the positions it would see
-    alone (RoPE and LPES depend on them).
-    """
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for b, row in enumerate(rows):
-        if row:
-            ids[b, width - len(row) :] = torch.tensor(row, dtype=torch.long)
-            mask[b, width - len(row) :] = 1
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    return ids, mask, positions
+    """`padding.left_pad` as torch tensors (input_ids, attention_mask, position_ids)."""
+    return tuple(torch.from_numpy(a) for a in padding.left_pad(rows, pad_id))
 
 
 # ---- (b) teacher forcing ----
 
 
 def teacher_forced_correct(
-    model, tokenizer, examples: Sequence[Example], batch_size: int = 8, progress: Progress | None = None
+    model,
+    tokenizer,
+    examples: Sequence[Example],
+    batch_size: int = 8,
+    progress: Progress | None = None,
+    max_batch_tokens: int = MAX_BATCH_TOKENS,
 ) -> Scores:
     """One forward pass per batch: correct iff every answer token is the argmax (see module docstring)."""
     encoded = encode_examples(tokenizer, examples)
@@ -201,7 +208,7 @@ def teacher_forced_correct(
     device = _device(model)
     results: dict[int, ExampleResult] = {}
     forward_tokens = 0
-    for batch in _batches([len(r) for r in rows], batch_size):
+    for batch in _batches([len(r) for r in rows], batch_size, max_batch_tokens):
         ids, mask, positions = left_pad([rows[i] for i in batch], pad_id)
         forward_tokens += ids.numel()
         # Left padding aligns every row's end, so the answer positions are the last ones.
@@ -280,6 +287,7 @@ def greedy_correct(
     max_new_tokens: int | None = None,
     progress: Progress | None = None,
     eos_token_id: int | list[int] | None = None,
+    max_batch_tokens: int = MAX_BATCH_TOKENS,
 ) -> Scores:
     """Greedy decoding and the benchmark's case-insensitive substring test.
 
@@ -296,7 +304,8 @@ def greedy_correct(
     budgets = [max_new_tokens or len(e.answer_ids) for e in encoded]
     results: dict[int, ExampleResult] = {}
     forward_tokens = 0
-    for batch in _batches([len(e.prompt_ids) for e in encoded], batch_size):
+    lengths = [len(e.prompt_ids) + budget for e, budget in zip(encoded, budgets)]
+    for batch in _batches(lengths, batch_size, max_batch_tokens):
         steps = max(budgets[i] for i in batch)
         outputs = runner.greedy([encoded[i].prompt_ids for i in batch], steps, _runner_eos(runner, eos))
         # Prefill over the padded prompts, then one position per row per further step.

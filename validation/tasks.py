@@ -2,26 +2,37 @@
 
 Search (calibration) and validation (held-out evaluation) both call `load_examples`.
 
-A data description is ``TASK:field=value,...``:
+A data description is ``TASK:field=value,...``; lists are joined by ``+``, which no shell
+interprets (``|`` is still read, but must be quoted):
 
-    kv:pairs=75,examples=25,gold=0|24|49|74,seed=0     UUID key-value retrieval (kv_data)
-    kv:file=kv-retrieval-75_keys.jsonl.gz,gold=0|74     the benchmark's own records
-    tiny-kv:pairs=16,length=1024,gold=0|8|15            the bundled tiny model's task (tiny_kv)
+    tiny-kv:examples=8                                  the bundled tiny model's task (tiny_kv)
+    tiny-kv:pairs=16,length=1024,gold=0+8+15            ... with its fields
+    kv:pairs=75,examples=25,gold=0+24+49+74,seed=0      UUID key-value retrieval, generated (kv_data)
+    kv:file=kv-retrieval-75_keys.jsonl.gz,gold=0+74     the benchmark's own records
     path/to/records.jsonl[.gz]                          same as kv:file=...
 
 Fields left out come from the model folder's `lpes_task.json` when it names the
 same task (e.g. {"task": "tiny-kv", "num_pairs": 16, "length": 1024,
 "gold_indices": [0, 4, 8, 12, 15]}), then from the task's built-in defaults.
-`examples` counts examples per gold index.
+`examples` counts examples per gold index (tiny-kv:examples=8 with 5 gold indices
+is 8 x 5 = 40 prompts); with a file it counts records, each scored at every gold
+index (default: all of them).
 
-`split` keeps calibration and evaluation apart: the same seed gives different
-examples for "search" and "validation" (seed 2*S and 2*S+1), so a curve is never
-validated on the examples it was searched on.
+`split` keeps calibration and evaluation apart, so a curve is never validated on
+the examples it was searched on:
+- generated examples: the same seed gives "search" seed 2*S and "validation" seed 2*S+1;
+- a benchmark file: its records are split in two halves that never share a record
+  (`kv_data.split_records`, by the SHA-256 of each record): "search" reads one half,
+  "validation" (lpes-search's held-out examples, lpes-validate, lpes-convert) the other.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
+import re
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -32,6 +43,16 @@ from lpes.validation.examples import Example
 
 TASK_FILE = "lpes_task.json"
 SPLITS = ("search", "validation")
+SPLIT_NAMES = {"search": "calibration", "validation": "held-out"}
+
+# Sane bounds, checked before anything is built: beyond them a typo would allocate for hours.
+MAX_PAIRS = 10_000  # kv: about 800 KB of prompt, 500k+ tokens (the paper stops at 300)
+MAX_EXAMPLES_PER_INDEX = 100_000
+MAX_LENGTH = 1 << 20  # tiny-kv positions per prompt
+MAX_PROMPT_BYTES = 1 << 30  # all prompts together, estimated from the description
+_KV_BYTES_PER_PAIR = 82  # '"<uuid>": "<uuid>",\n ' as kv_data formats it
+_TINY_BYTES_PER_POSITION = 5  # 'f12 ', 'p40_1 ' ...
+LIST_SEPARATORS = "+|"  # '+' needs no quoting; '|' for descriptions written before
 
 
 @dataclass(frozen=True)
@@ -41,7 +62,7 @@ class TaskConfig:
     task: str = "kv"
     num_pairs: int = 75
     gold_indices: tuple[int, ...] | None = None  # None: kv_data.default_gold_indices(num_pairs)
-    examples_per_index: int = 25
+    examples_per_index: int | None = 25  # None (a file only): every record of its split
     seed: int = 0
     length: int | None = None  # tiny-kv only: positions per prompt
     file: str | None = None  # kv only: the benchmark's JSONL records instead of generated ones
@@ -123,26 +144,58 @@ def examples_for(
         except ValueError as err:  # tiny_kv's own limits (at most 64 keys)
             raise LpesError(f"tiny-kv data: {err}") from None
     if config.file is not None:
-        records = kv_data.read_jsonl(config.file)[: config.examples_per_index]
+        records = file_records(config, split)
     else:
         records = kv_data.generate_records(config.num_pairs, config.examples_per_index, seed)
     for record in records:
         if max(gold) >= record.num_pairs:
             raise LpesError(f"kv data: 'gold' index {max(gold)} is outside a {record.num_pairs}-pair record")
     if use_chat_template and tokenizer is None and model_path is not None:
-        tokenizer = _load_tokenizer(model_path)
+        from lpes.converter.loading import load_tokenizer
+
+        tokenizer = load_tokenizer(model_path)
     return kv_data.make_examples(records, gold, tokenizer, use_chat_template)
 
 
+def file_records(config: TaskConfig, split: str) -> list[kv_data.KvRecord]:
+    """The records of `config.file` in `split`'s half, the first `examples` of them (all when None)."""
+    records = kv_data.read_jsonl(config.file)
+    half = kv_data.split_records(records)[SPLITS.index(split)]
+    name = Path(config.file).name
+    if not half:
+        raise LpesError(f"kv data file {name} holds {len(records)} distinct record(s): calibration and held-out "
+                        "need one each (the file is split in two halves that share no record)")
+    wanted = config.examples_per_index
+    if wanted is not None and wanted > len(half):
+        print(f"lpes: --data asks for {wanted} records; the {SPLIT_NAMES[split]} half of {name} holds "
+              f"{len(half)} (of {len(records)}): using {len(half)}", file=sys.stderr)
+    return [records[i] for i in half[:wanted]]
+
+
+def split_provenance(config: TaskConfig, split: str, used: int | None = None) -> dict[str, Any]:
+    """How the examples of `split` were kept apart from the other split, as best.json records it.
+
+    `used`: how many of the split's records were scored (the first ones), None: all drawn.
+    """
+    if config.file is None:
+        return {"source": f"generated {config.task} examples, seed {2 * config.seed + SPLITS.index(split)}",
+                "rule": "calibration uses seed 2*seed, held-out 2*seed+1"}
+    records = kv_data.read_jsonl(config.file)
+    half = kv_data.split_records(records)[SPLITS.index(split)][: config.examples_per_index][:used]
+    return {"source": f"split of {Path(config.file).name}",
+            "rule": "records ranked by SHA-256: even ranks calibrate, odd ranks are held out",
+            "records": half}
+
+
 def parse_description(data: str) -> tuple[str, dict[str, Any]]:
-    """`kv:pairs=75,gold=0|74` -> ("kv", {"num_pairs": 75, "gold_indices": (0, 74)}); a path -> kv file."""
+    """`kv:pairs=75,gold=0+74` -> ("kv", {"num_pairs": 75, "gold_indices": (0, 74)}); a path -> kv file."""
     if ":" not in data or data.endswith((".jsonl", ".jsonl.gz")):
         if not Path(data).is_file():
             raise LpesError(f"--data {data!r} is neither a description (TASK:field=value,...) nor a file")
         return "kv", _file_fields(data)
     task, _, rest = data.partition(":")
     if task not in _DESCRIPTION_FIELDS:
-        raise LpesError(f"--data: unknown task {task!r} (known: {', '.join(_DESCRIPTION_FIELDS)})")
+        raise LpesError(f"--data: unknown task {task!r}{_hint(task, _DESCRIPTION_FIELDS)}")
     overrides: dict[str, Any] = {}
     for item in filter(None, rest.split(",")):
         name, eq, value = item.partition("=")
@@ -150,18 +203,24 @@ def parse_description(data: str) -> tuple[str, dict[str, Any]]:
         if not eq:
             raise LpesError(f"--data: {item!r} must be field=value")
         if name not in _DESCRIPTION_FIELDS[task]:
-            known = ", ".join(_DESCRIPTION_FIELDS[task])
-            raise LpesError(f"--data: unknown field {name!r} for {task} (known: {known})")
+            raise LpesError(f"--data: unknown field {name!r} for {task}{_hint(name, _DESCRIPTION_FIELDS[task])}")
         overrides[_DESCRIPTION_FIELDS[task][name]] = _parse_value(name, value.strip())
     if "file" in overrides:
         overrides = {**_file_fields(overrides["file"]), **overrides}
     return task, overrides
 
 
+def _hint(name: str, known: Sequence[str]) -> str:
+    """' (did you mean 'pairs'?; known: ...)' for a misspelt name."""
+    close = difflib.get_close_matches(name, list(known), n=1)
+    guess = f"did you mean {close[0]!r}?; " if close else ""
+    return f" ({guess}known: {', '.join(known)})"
+
+
 def _file_fields(path: str) -> dict[str, Any]:
-    """A benchmark file's own pair count and record count (all records unless `examples` is given)."""
+    """A benchmark file's own pair count; every record of a split unless `examples` is given."""
     records = kv_data.read_jsonl(path)
-    return {"file": path, "num_pairs": records[0].num_pairs, "examples_per_index": len(records)}
+    return {"file": path, "num_pairs": records[0].num_pairs, "examples_per_index": None}
 
 
 def _parse_value(name: str, value: str) -> Any:
@@ -170,7 +229,7 @@ def _parse_value(name: str, value: str) -> Any:
             raise LpesError(f"--data: 'file' {value!r} not found")
         return value
     if name == "gold":
-        return tuple(_parse_int(name, v) for v in value.split("|"))
+        return tuple(_parse_int(name, v) for v in re.split(f"[{re.escape(LIST_SEPARATORS)}]", value))
     return _parse_int(name, value)
 
 
@@ -178,7 +237,7 @@ def _parse_int(name: str, value: str) -> int:
     try:
         return int(value)
     except ValueError:
-        raise LpesError(f"--data: '{name}' must be an integer, got {value!r}") from None
+        raise LpesError(f"--data: '{name}' must be an integer, got {value[:40]!r}") from None
 
 
 def _model_defaults(model_path: Path | None) -> TaskConfig:
@@ -197,8 +256,8 @@ def _model_defaults(model_path: Path | None) -> TaskConfig:
         raise LpesError(f"{path}: 'task' is {task!r} (known: {', '.join(TASK_DEFAULTS)})")
     unknown = set(data) - {"task", *_TASK_FILE_FIELDS}
     if unknown:
-        known = ", ".join(_TASK_FILE_FIELDS)
-        raise LpesError(f"{path}: unknown field {sorted(unknown)[0]!r} (known: task, {known})")
+        name = sorted(unknown)[0]
+        raise LpesError(f"{path}: unknown field {name!r}{_hint(name, ('task', *_TASK_FILE_FIELDS))}")
     overrides = {name: data[name] for name in _TASK_FILE_FIELDS if name in data}
     if "gold_indices" in overrides:
         gold = overrides["gold_indices"]
@@ -211,17 +270,18 @@ def _model_defaults(model_path: Path | None) -> TaskConfig:
 
 
 def _check(config: TaskConfig, where: str = "--data") -> None:
-    """Every field of a resolved task is valid; the message names the field."""
+    """Every field of a resolved task is valid and within bounds; the message names the field."""
     for f in fields(TaskConfig):
         value = getattr(config, f.name)
         if f.name in ("num_pairs", "examples_per_index", "seed", "length") and value is not None:
             if isinstance(value, bool) or not isinstance(value, int):
                 raise LpesError(f"{where}: '{f.name}' must be an integer, got {value!r}")
-    if config.num_pairs < 2:
-        raise LpesError(f"{where}: 'num_pairs' (pairs) must be at least 2, got {config.num_pairs}")
-    if config.examples_per_index < 1:
-        count = config.examples_per_index
-        raise LpesError(f"{where}: 'examples_per_index' (examples) must be at least 1, got {count}")
+    _check_range(where, "num_pairs", "pairs", config.num_pairs, 2, _max_pairs(config.task))
+    if config.examples_per_index is None:
+        if config.file is None:
+            raise LpesError(f"{where}: 'examples_per_index' (examples) must be given")
+    else:
+        _check_range(where, "examples_per_index", "examples", config.examples_per_index, 1, MAX_EXAMPLES_PER_INDEX)
     if config.seed < 0:
         raise LpesError(f"{where}: 'seed' must be >= 0, got {config.seed}")
     gold = config.resolved_gold_indices()
@@ -231,15 +291,62 @@ def _check(config: TaskConfig, where: str = "--data") -> None:
         if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < config.num_pairs:
             last = config.num_pairs - 1
             raise LpesError(f"{where}: 'gold_indices' (gold) entry {index!r} is outside 0..{last}")
-    if config.task == "tiny-kv" and (config.length is None or config.length < config.num_pairs + 2):
-        least = config.num_pairs + 2
-        raise LpesError(f"{where}: 'length' must be at least pairs + 2 = {least}, got {config.length}")
+    if len(set(gold)) != len(gold):
+        twice = next(i for i in gold if gold.count(i) > 1)
+        raise LpesError(f"{where}: 'gold_indices' (gold) lists {twice} twice")
+    if config.task == "tiny-kv":
+        if config.length is None or config.length < config.num_pairs + 2:
+            least = config.num_pairs + 2
+            raise LpesError(f"{where}: 'length' must be at least pairs + 2 = {least}, got {config.length}")
+        _check_range(where, "length", "length", config.length, config.num_pairs + 2, MAX_LENGTH)
+    _check_total_size(config, len(gold), where)
 
 
-def _load_tokenizer(model_path: Path):
-    from transformers import AutoTokenizer
+def _max_pairs(task: str) -> int:
+    if task == "tiny-kv":
+        from lpes.validation.tiny_kv import NUM_KEYS
 
+        return NUM_KEYS  # the bundled model's vocabulary has 64 keys
+    return MAX_PAIRS
+
+
+def _check_range(where: str, name: str, short: str, value: int, low: int, high: int) -> None:
+    if not low <= value <= high:
+        label = f"'{name}'" if name == short else f"'{name}' ({short})"
+        raise LpesError(f"{where}: {label} must be in {low}..{high}, got {value}")
+
+
+def _check_total_size(config: TaskConfig, num_gold: int, where: str) -> None:
+    """Refuse a description whose prompts would not fit in memory (a file is as large as it is)."""
+    if config.file is not None:
+        return
+    if config.task == "tiny-kv":
+        per_prompt = _TINY_BYTES_PER_POSITION * config.length
+    else:
+        per_prompt = _KV_BYTES_PER_PAIR * config.num_pairs
+    total = per_prompt * config.examples_per_index * num_gold
+    if total > MAX_PROMPT_BYTES:
+        raise LpesError(f"{where}: {config.examples_per_index} examples x {num_gold} gold indices of this size make "
+                        f"about {total / 2**30:.1f} GiB of prompts (at most {MAX_PROMPT_BYTES >> 30} GiB); "
+                        "ask for fewer examples, pairs or positions")
+
+
+def check_vocabulary(tokenizer, texts: Sequence[str], what: str) -> None:
+    """Every text encodes, else LpesError naming the first word the tokenizer cannot encode.
+
+    A word-level vocabulary without an unknown token (the bundled model's) cannot encode a
+    word it lacks; finding it before any model is loaded or run gives one line, not a traceback.
+    """
     try:
-        return AutoTokenizer.from_pretrained(model_path)
-    except (OSError, ValueError) as err:
-        raise LpesError(f"cannot load the tokenizer of {model_path}: {str(err).splitlines()[0]}") from None
+        tokenizer(list(texts), add_special_tokens=False)
+        return
+    except Exception as err:  # the tokenizers library raises a bare Exception
+        failure = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    for text in texts:
+        for word in text.split():
+            try:
+                tokenizer(word, add_special_tokens=False)
+            except Exception:
+                raise LpesError(f"{what}: the word {word[:60]!r} is not in the model's vocabulary "
+                                "(its tokenizer has no unknown token)") from None
+    raise LpesError(f"{what}: the model's tokenizer cannot encode it ({failure})")

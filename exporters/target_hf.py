@@ -1,0 +1,54 @@
+"""`--to hf`: the Hub folder (weights linked, scales in config.json, the per-layer RoPE code beside them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lpes.exporters.targets import ExportJob, OpenedExport, RunContext, Target, Written, register
+
+
+@register
+class HubFolder(Target):
+    name = "hf"
+    folder = "."
+    marker = "config.json"
+    order = 10
+    help = "the Hub folder (load with trust_remote_code=True)"
+
+    def write(self, folder: Path) -> Written:
+        import lpes
+        from lpes.converter.hf_folder import write_hf_folder
+
+        job: ExportJob = self.job
+        write_hf_folder(job.model_path, job.spec, folder, job.model_name, lpes.__version__)
+        return Written()
+
+    def finish(self, folder: Path, validation_markdown: str | None) -> None:
+        if validation_markdown is None:
+            return
+        from lpes.converter.model_card import write_model_card
+
+        write_model_card(folder, self.job.spec, self.job.model_name, self.job.config, validation_markdown)
+
+    @classmethod
+    def open(cls, folder: Path, run: RunContext) -> OpenedExport:
+        from transformers import AutoModelForCausalLM
+
+        from lpes.converter.loading import DTYPES
+        from lpes.validation.scoring import TorchGreedy
+
+        custom_code = (folder / "modeling_lpes.py").is_file()
+        if custom_code:  # run only the code this lpes version writes, byte for byte
+            from lpes.converter.trust import check_hub_code
+
+            check_hub_code(folder)
+        # What a user of the folder runs: its own modeling_lpes.py + lpes_rope.py, or a stock config.
+        model = AutoModelForCausalLM.from_pretrained(
+            folder, trust_remote_code=custom_code, dtype=DTYPES[run.reference_dtype], use_safetensors=True
+        )
+        note = "PyTorch, trust_remote_code" if custom_code else "PyTorch, stock transformers"
+        return OpenedExport(TorchGreedy(model.eval().to(run.device), run.pad_token_id), note, run.reference_dtype)
+
+    @classmethod
+    def export_dtype(cls, folder: Path, run: RunContext) -> str:
+        return run.reference_dtype

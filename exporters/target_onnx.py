@@ -1,0 +1,63 @@
+"""`--to onnx`: model.onnx with a KV cache, checked for parity against the PyTorch reference."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from lpes.errors import LpesError
+from lpes.exporters.targets import OpenedExport, RunContext, RunnerUnavailable, Target, Written, register
+
+
+def require(module: str, extra: str) -> None:
+    """RunnerUnavailable unless `module` is installed (validation then skips the export)."""
+    if importlib.util.find_spec(module) is None:
+        raise RunnerUnavailable(f"{module} is not installed (pip install 'lpes[{extra}]')")
+
+
+@register
+class OnnxExport(Target):
+    name = "onnx"
+    folder = "onnx"
+    marker = "model.onnx"
+    order = 20
+    help = "model.onnx with KV cache, checked against the PyTorch reference"
+
+    def check(self) -> None:
+        from lpes.exporters.onnx_export import check_exportable
+
+        check_exportable(self.job.config, self.job.spec, self.job.dtype)
+        if self.job.validate:
+            from lpes.validation.ort_runner import check_dtype_supported
+
+            check_dtype_supported(self.job.dtype)
+
+    def write(self, folder: Path) -> Written:
+        from lpes.exporters.onnx_export import export_onnx
+
+        job = self.job
+        export_onnx(job.model_path, job.spec, folder, dtype=job.dtype)
+        if not job.validate:
+            return Written()
+        from lpes.validation.parity import check_parity
+
+        report = check_parity(job.model_path, job.spec, folder, job.dtype)
+        return Written([report.format()], passed=report.passed)
+
+    @classmethod
+    def open(cls, folder: Path, run: RunContext) -> OpenedExport:
+        require("onnxruntime", "onnx")
+        from lpes.validation.ort_runner import OrtCausalLM, check_dtype_supported
+
+        try:
+            check_dtype_supported(cls.export_dtype(folder, run))
+        except LpesError as why:  # bfloat16 without a GPU: the export may be fine, this machine cannot run it
+            raise RunnerUnavailable(str(why)) from None
+        runner = OrtCausalLM(folder)
+        return OpenedExport(runner, str(runner.provider), cls.export_dtype(folder, run))
+
+    @classmethod
+    def export_dtype(cls, folder: Path, run: RunContext) -> str:
+        from lpes.exporters.onnx_export import read_metadata
+
+        return read_metadata(folder).get("dtype", "float32")

@@ -1,0 +1,172 @@
+"""The export targets of `lpes-convert --to`: one registered class per target.
+
+A target says, in one class, everything the pipeline and the validation report need:
+
+- `name`, `folder` (where it goes inside the output folder; "." is the folder itself)
+  and `marker` (a file that is there when the export is);
+- `needs`: targets whose output it is built from (TensorRT builds from the ONNX export);
+- `add_arguments` / `options`: its own command-line flags;
+- `check`: everything that can fail before a weight is read (plan time);
+- `write`: the export itself, into its folder of the staging output;
+- `open`: a greedy runner over a written export, for key-value validation
+  (raises `RunnerUnavailable` where this machine cannot run it);
+- `export_dtype`: the precision the export was written in (its disagreement allowance).
+
+Built-in targets live in `exporters/target_*.py` and are found by that name, so
+adding a target is one new file (or, in a test, one registered class).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from lpes.errors import LpesError
+from lpes.spec import Spec
+
+
+class RunnerUnavailable(Exception):
+    """An export is present but cannot run here (no GPU, runtime not installed)."""
+
+
+@dataclass(frozen=True)
+class ExportJob:
+    """What every target of one conversion shares: the resolved inputs, checked at plan time."""
+
+    model_path: Path
+    model_name: str
+    config: Any  # the base model's transformers config
+    spec: Spec  # resolved for the model's layer count, with provenance
+    dtype: str  # --dtype: precision of the graph exports
+    validate: bool
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """How validation runs an export: the reference's dtype and device, the tokenizer's pad id."""
+
+    reference_dtype: str
+    device: str
+    pad_token_id: int
+
+
+@dataclass
+class Written:
+    """What writing (and checking) one target gave: report text, warnings, pass or fail."""
+
+    reports: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    passed: bool = True
+
+
+@dataclass
+class OpenedExport:
+    runner: Any  # a scoring.GreedyRunner
+    note: str  # the runtime, shown in the table (e.g. the onnxruntime provider)
+    dtype: str
+
+
+class Target:
+    """One `--to` target. Subclass, set the class attributes, decorate with `@register`."""
+
+    name: ClassVar[str]
+    folder: ClassVar[str]
+    marker: ClassVar[str]
+    order: ClassVar[int] = 100  # position in the pipeline (and in the validation table)
+    needs: ClassVar[tuple[str, ...]] = ()
+    help: ClassVar[str] = ""
+
+    def __init__(self, job: ExportJob, options: dict[str, Any] | None = None):
+        self.job = job
+        self.options = dict(options or {})
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """This target's own flags (none by default)."""
+
+    @classmethod
+    def options_from(cls, args: argparse.Namespace) -> dict[str, Any]:
+        """The values of this target's flags, as `options` for the constructor."""
+        return {}
+
+    def check(self) -> None:
+        """Raise LpesError for anything that would fail later; read no weights."""
+
+    def write(self, folder: Path) -> Written:
+        """Write the export into `folder` (created; empty unless it is the output folder itself)."""
+        raise NotImplementedError
+
+    def finish(self, folder: Path, validation_markdown: str | None) -> None:
+        """After validation: files that include its result (the Hub folder's model card)."""
+
+    @classmethod
+    def find(cls, out_dir: Path) -> Path | None:
+        folder = Path(out_dir) / cls.folder
+        return folder if (folder / cls.marker).is_file() else None
+
+    @classmethod
+    def open(cls, folder: Path, run: RunContext) -> OpenedExport:
+        raise RunnerUnavailable(f"lpes has no runner for {cls.name} exports")
+
+    @classmethod
+    def export_dtype(cls, folder: Path, run: RunContext) -> str:
+        return "float32"
+
+
+_REGISTRY: dict[str, type[Target]] = {}
+_BUILTINS_LOADED = False
+
+
+def register(cls: type[Target]) -> type[Target]:
+    """Class decorator: make `cls` a `--to` target under `cls.name`."""
+    if not cls.name or cls.name != cls.name.strip() or "," in cls.name:
+        raise ValueError(f"bad target name {cls.name!r}")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def registry() -> dict[str, type[Target]]:
+    """Every registered target, in pipeline order."""
+    _load_builtins()
+    return dict(sorted(_REGISTRY.items(), key=lambda item: (item[1].order, item[0])))
+
+
+def _load_builtins() -> None:
+    global _BUILTINS_LOADED
+    if _BUILTINS_LOADED:
+        return
+    import lpes.exporters as package
+
+    for module in pkgutil.iter_modules(package.__path__):
+        if module.name.startswith("target_"):
+            importlib.import_module(f"{package.__name__}.{module.name}")
+    _BUILTINS_LOADED = True
+
+
+def parse_targets(text: str | Iterable[str]) -> list[type[Target]]:
+    """`hf,onnx` -> the target classes asked for plus the ones they need, in pipeline order."""
+    known = registry()
+    names = [t.strip() for t in text.split(",")] if isinstance(text, str) else [str(t).strip() for t in text]
+    names = [n for n in names if n]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        got = ",".join(names) or "nothing"
+        raise LpesError(f"--to takes a comma-separated list of {', '.join(known)}; got {got}")
+    wanted = set(names)
+    for name in names:
+        wanted.update(known[name].needs)
+    return [cls for name, cls in known.items() if name in wanted]
+
+
+def add_target_arguments(parser: argparse.ArgumentParser) -> None:
+    for cls in registry().values():
+        cls.add_arguments(parser)
+
+
+def target_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    return {name: cls.options_from(args) for name, cls in registry().items()}
