@@ -1,0 +1,152 @@
+"""Before lpes loads a Hub folder with trust_remote_code=True: is its code exactly lpes's own?
+
+A Hub folder runs `modeling_lpes.py` (which imports `lpes_rope.py`) when loaded. A folder
+someone published may hold anything there, and validating such a folder is what a careful
+user does before trusting it. So lpes renders the `modeling_lpes.py` this version writes for
+the folder's config, compares bytes, compares `lpes_rope.py` with lpes's own, and refuses
+any other Python file or any auto_map entry that would reach one, before transformers
+imports a line of it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from lpes.errors import LpesError
+
+MODELING = "modeling_lpes.py"
+ROPE = "lpes_rope.py"
+AUTO_MAP_FILES = ("config.json", "tokenizer_config.json")  # what from_pretrained reads auto_map from
+_AUTO_MAP_ENTRY = re.compile(r"modeling_lpes\.[A-Za-z_][A-Za-z0-9_]*")  # a class of the folder's modeling_lpes.py
+# A template value read from a folder's file: a class or model-type name, nothing that could be code.
+_PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}")
+
+
+def check_hub_code(folder: Path) -> None:
+    """Return if loading `folder` runs no code or only lpes's own; else LpesError naming the file that differs.
+
+    Call it before any `from_pretrained(folder, trust_remote_code=True)`. A folder with
+    neither modeling_lpes.py nor auto_map loads without custom code and passes.
+    """
+    import lpes
+    from lpes.converter import lpes_rope
+    from lpes.converter.loading import check_weights
+
+    folder = Path(folder)
+    entries = _auto_map_entries(folder)
+    if not (folder / MODELING).exists() and not entries:
+        return
+    for file_name, entry in entries:
+        if not _AUTO_MAP_ENTRY.fullmatch(entry):
+            raise LpesError(f"{folder / file_name}: auto_map entry {entry[:80]!r} points at code lpes did not write; "
+                            "refusing to load the folder")
+    config = _read_json(folder / "config.json")
+    expected = {
+        MODELING: _expected_modeling(folder, config, lpes.__version__),
+        ROPE: Path(lpes_rope.__file__).read_bytes(),
+    }
+    for name, data in expected.items():
+        path = folder / name
+        if not path.is_file():
+            raise LpesError(f"{folder} has no {name}; it is not a folder lpes-convert wrote")
+        if data is None or path.read_bytes() != data:
+            raise LpesError(f"{path} differs from the {name} that lpes {lpes.__version__} writes for this config"
+                            f"{_written_by(path, lpes.__version__)}; refusing to run it (convert the model again)")
+    for path in sorted(folder.rglob("*.py")):
+        if path.parent != folder or path.name not in expected:
+            raise LpesError(f"{path} is Python code that lpes did not write; refusing to load {folder} "
+                            "with trust_remote_code (remove it if it is yours)")
+    check_weights(folder)
+
+
+def _auto_map_entries(folder: Path) -> list[tuple[str, str]]:
+    """(file name, "module.Class") for every auto_map entry transformers could follow."""
+    entries = []
+    for name in AUTO_MAP_FILES:
+        path = folder / name
+        if not path.is_file():
+            continue
+        auto_map = _read_json(path).get("auto_map")
+        if not auto_map:
+            continue
+        values = auto_map.values() if isinstance(auto_map, dict) else auto_map
+        if not isinstance(values, (list, tuple, type({}.values()))):
+            raise LpesError(f"{path}: auto_map must be an object")
+        for value in values:
+            for item in value if isinstance(value, (list, tuple)) else [value]:
+                if item is None:  # a tokenizer pair without its slow or fast class
+                    continue
+                if not isinstance(item, str):
+                    raise LpesError(f"{path}: auto_map holds {item!r}; expected \"module.Class\" names")
+                entries.append((name, item))
+    return entries
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise LpesError(f"{path} not found; is {path.parent} a Hub folder lpes-convert wrote?") from None
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise LpesError(f"cannot read {path}: {str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
+    if not isinstance(data, dict):
+        raise LpesError(f"{path} is not a JSON object")
+    return data
+
+
+def _expected_modeling(folder: Path, config: dict, version: str) -> bytes | None:
+    """The modeling_lpes.py this lpes writes for the folder's config.json (hf_folder.render_modeling).
+
+    The config comes from the folder too, so a rendering from it alone could carry code an
+    attacker put in its values. The file must therefore also be the template itself with
+    plain names for every value and this lpes's version: only then is the rendering expected.
+    """
+    from lpes.converter.hf_folder import render_modeling
+    from lpes.converter.modeling_template import MODELING_LPES
+
+    path = folder / MODELING
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+    if _template_values(MODELING_LPES, text, {"lpes_version": version}) is None:
+        return None  # not the template with plain names (or written by another lpes version)
+    try:
+        return render_modeling(config).encode()
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError):
+        return None  # config.json lacks what lpes records when it writes the file
+
+
+def _template_values(template: str, text: str, known: dict[str, str]) -> dict[str, str] | None:
+    """The field values that make `template` render to `text` (None when no plain-name values do)."""
+    import string
+
+    values, at = dict(known), 0
+    for literal, field, _, _ in string.Formatter().parse(template):
+        if not text.startswith(literal, at):
+            return None
+        at += len(literal)
+        if field is None:
+            continue
+        if field in values:
+            if not text.startswith(values[field], at):
+                return None
+            at += len(values[field])
+            continue
+        match = _PLAIN_NAME.match(text, at)
+        if not match:
+            return None
+        values[field] = match.group(0)
+        at = match.end()
+    return values if at == len(text) else None
+
+
+def _written_by(path: Path, version: str) -> str:
+    """Which lpes wrote the file, when it says another version (a plain version string only)."""
+    try:
+        match = re.search(r"Written by lpes-convert ([0-9A-Za-z.+-]{1,32})\b", path.read_text())
+    except (OSError, UnicodeDecodeError):
+        return ""
+    return f" (it says lpes-convert {match.group(1)} wrote it)" if match and match.group(1) != version else ""

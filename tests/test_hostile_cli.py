@@ -1,0 +1,359 @@
+"""Mistaken and hostile inputs to the real command-line tools: one line on stderr, exit 2, nothing changed.
+
+Each row runs one installed CLI (.venv/bin/lpes-*) in a subprocess, with its working
+directory in a sandbox of its own that holds a copy of the bundled model, a spec, a
+plain file and a folder of the user's. The whole sandbox is hashed before and after:
+a refused command must leave every byte, name and mode as it was. Rows that feed
+code to the tools check that a marker file the code would create does not exist,
+with `y` on stdin so that a prompt, had there been one, would have been answered yes.
+
+File permissions do not deny root: when the tests run as root, the rows that rely on them
+run as an unprivileged user, or are skipped (with the reason) where that user cannot run
+this Python. The rows run four at a time (each spends seconds importing torch and transformers).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import pickle
+import pwd
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from lpes.converter.loading import bundled_models
+
+BIN = Path(sys.executable).parent
+IS_ROOT = os.geteuid() == 0
+# File permissions do not deny root: as root, the permission rows run as this unprivileged user.
+UNPRIVILEGED = "nobody"
+
+
+@dataclass(frozen=True)
+class Row:
+    id: str
+    argv: tuple[str, ...]  # {model} {models} {spec} {file} {mine} {hub} {work} {marker} are filled in
+    message: str  # a part of the one stderr line
+    setup: str | None = None  # name of a function below that prepares the sandbox
+    full_disk: bool = False  # run under a 4 KiB file size limit (SIGXFSZ ignored: writes fail with EFBIG)
+    permissions: bool = False  # relies on file permissions (run unprivileged when the tests run as root)
+    unwritable: str | None = None  # a system folder that must refuse writes even to root, else the row is skipped
+    unchanged: bool = True  # False: the sandbox may change (only the row's own expectations apply)
+
+
+CONVERT = ("lpes-convert", "{model}", "--curve", "{spec}", "--to", "hf", "--no-validate", "--force", "--out")
+PLAIN_CONVERT = ("lpes-convert", "{model}", "--curve", "{spec}", "--to", "hf", "--no-validate", "--out")
+SEARCH = ("lpes-search", "{model}", "--population", "2", "--generations", "0", "--out")
+
+ROWS = [
+    # --out that would destroy something (issue 17: "Data lost"), all with --force
+    Row("out-dot", (*CONVERT, "."), "is the current directory"),
+    Row("out-empty", (*CONVERT, ""), "--out is empty"),
+    Row("out-model", (*CONVERT, "{model}"), "is the model folder"),
+    Row("out-parent-of-model", (*CONVERT, "{models}"), "holds the model folder"),
+    Row("out-inside-model", (*CONVERT, "{model}/sub"), "is inside the model folder"),
+    Row("out-ancestor-of-cwd", (*CONVERT, ".."), "holds the current directory"),
+    Row("out-file", (*CONVERT, "{file}"), "is a file"),
+    Row("out-not-lpes", (*CONVERT, "{mine}"), "was not written by lpes-convert"),
+    Row("out-symlink", (*CONVERT, "{work}/link"), "is a symbolic link", setup="symlink_to_mine"),
+    Row("out-under-dev-null", (*CONVERT, "/dev/null/x"), "/dev/null is not a folder"),
+    Row("out-name-too-long", (*CONVERT, "x" * 240), "is too long"),
+    Row("out-read-only-parent", (*CONVERT, "{work}/ro/out"), "no permission to write", setup="read_only_folder",
+        permissions=True),
+    Row("out-in-unwritable-system-folder", (*CONVERT, "/proc/sys/lpes-out"), "no permission to write in /proc/sys",
+        unwritable="/proc/sys"),
+    Row("out-full-disk", (*PLAIN_CONVERT, "{work}/new"), "File too large", full_disk=True),
+    # model folders that would run code or unpickle (issue 17: "Code run without being asked")
+    Row("model-auto-map", (*PLAIN_CONVERT, "{work}/out"), "holds custom model code (auto_map", setup="auto_map_model"),
+    Row("model-pickle-only", (*PLAIN_CONVERT, "{work}/out"), "has only pickle weights (pytorch_model.bin)",
+        setup="pickle_only_model"),
+    Row("model-no-weights", (*PLAIN_CONVERT, "{work}/out"), "has no weights", setup="no_weights_model"),
+    Row("model-truncated-weights", (*PLAIN_CONVERT, "{work}/out"), "is truncated or not safetensors",
+        setup="truncated_model"),
+    Row("model-unreadable", (*PLAIN_CONVERT, "{work}/out"), "cannot read the model folder",
+        setup="unreadable_model", permissions=True),
+    Row("model-is-a-file", ("lpes-convert", "{file}", "--curve", "{spec}", "--to", "hf", "--out", "{work}/out"),
+        "is a file, not a model folder"),
+    # lpes-search: its --out is one file, written atomically; the model folder is checked as above
+    Row("search-out-folder", (*SEARCH, "{mine}"), "is a folder; name the spec file"),
+    Row("search-out-in-model", (*SEARCH, "{model}/best.json"), "is inside the model folder"),
+    Row("search-pickle-only", (*SEARCH, "{work}/best.json"), "has only pickle weights", setup="pickle_only_model"),
+    # lpes-validate on a downloaded Hub folder: its code must be lpes's own, byte for byte
+    Row("validate-poisoned-modeling", ("lpes-validate", "{hub}", "--model", "{model}"),
+        "modeling_lpes.py differs from the modeling_lpes.py that lpes", setup="poison_modeling"),
+    Row("validate-poisoned-rope", ("lpes-validate", "{hub}", "--model", "{model}"),
+        "lpes_rope.py differs from the lpes_rope.py that lpes", setup="poison_rope"),
+    Row("validate-auto-map-elsewhere", ("lpes-validate", "{hub}", "--model", "{model}"),
+        "auto_map entry 'evil.EvilForCausalLM' points at code lpes did not write", setup="hub_auto_map_to_evil"),
+    Row("validate-stray-python", ("lpes-validate", "{hub}", "--model", "{model}"),
+        "evil.py is Python code that lpes did not write", setup="hub_stray_python"),
+    Row("validate-pickle-only-hub", ("lpes-validate", "{hub}", "--model", "{model}"), "has only pickle weights",
+        setup="hub_pickle_only"),
+    Row("validate-auto-map-base-model", ("lpes-validate", "{hub}", "--model", "{model}"),
+        "holds custom model code (auto_map", setup="auto_map_model"),
+]
+
+
+# ---- sandbox ----
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    """Every path under `root` (hidden ones too) -> its kind, mode and content hash."""
+    digest = {}
+    for path in sorted(root.rglob("*")):
+        info = path.lstat()
+        if path.is_symlink():
+            what = "link:" + os.readlink(path)
+        elif path.is_dir():
+            what = "dir"
+        else:
+            what = "file:" + hashlib.sha256(path.read_bytes()).hexdigest()
+        digest[str(path.relative_to(root))] = f"{oct(info.st_mode)} {what}"
+    return digest
+
+
+@dataclass
+class Sandbox:
+    root: Path
+    fill: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def model(self) -> Path:
+        return Path(self.fill["model"])
+
+    @property
+    def hub(self) -> Path:
+        return Path(self.fill["hub"])
+
+    @property
+    def marker(self) -> Path:
+        return Path(self.fill["marker"])
+
+
+def make_sandbox(root: Path, hub_source: Path) -> Sandbox:
+    models, work, mine = root / "models", root / "work", root / "mine"
+    shutil.copytree(bundled_models()["lpes-tiny-kv"], models / "tiny")
+    work.mkdir()
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("years of work\n")
+    (root / "notes.txt").write_text("a file of the user's\n")
+    (root / "spec.json").write_text(json.dumps({"version": 1, "scales": [1.0, 1.5, 2.0, 1.0]}))
+    shutil.copytree(hub_source, root / "hub")
+    fill = {"model": models / "tiny", "models": models, "spec": root / "spec.json", "file": root / "notes.txt",
+            "mine": mine, "hub": root / "hub", "work": work, "marker": root / "CODE-RAN"}
+    return Sandbox(root, {k: str(v) for k, v in fill.items()})
+
+
+def evil_code(marker: Path) -> str:
+    return f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n"
+
+
+# setups: each prepares one hostile input inside the sandbox
+
+
+def symlink_to_mine(box: Sandbox) -> None:
+    (Path(box.fill["work"]) / "link").symlink_to(box.fill["mine"])
+
+
+def read_only_folder(box: Sandbox) -> None:
+    folder = Path(box.fill["work"]) / "ro"
+    folder.mkdir()
+    folder.chmod(0o555)
+
+
+def auto_map_model(box: Sandbox) -> None:
+    config = json.loads((box.model / "config.json").read_text())
+    config.update(model_type="evilllama", auto_map={"AutoConfig": "evil.EvilConfig",
+                                                    "AutoModelForCausalLM": "evil.EvilForCausalLM"})
+    (box.model / "config.json").write_text(json.dumps(config))
+    (box.model / "evil.py").write_text(evil_code(box.marker) + "from transformers import LlamaConfig\n"
+                                       "class EvilConfig(LlamaConfig):\n    model_type = 'evilllama'\n")
+
+
+class _Unpickled:
+    """Unpickling this runs code (writes the marker)."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return exec, (evil_code(self.marker),)
+
+
+def pickle_only_model(box: Sandbox) -> None:
+    (box.model / "model.safetensors").unlink()
+    (box.model / "pytorch_model.bin").write_bytes(pickle.dumps(_Unpickled(box.marker)))
+
+
+def no_weights_model(box: Sandbox) -> None:
+    (box.model / "model.safetensors").unlink()
+
+
+def truncated_model(box: Sandbox) -> None:
+    weights = box.model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100_000])
+
+
+def unreadable_model(box: Sandbox) -> None:
+    box.model.chmod(0)
+
+
+def poison_modeling(box: Sandbox) -> None:
+    path = box.hub / "modeling_lpes.py"
+    path.write_text(evil_code(box.marker) + path.read_text())
+
+
+def poison_rope(box: Sandbox) -> None:
+    path = box.hub / "lpes_rope.py"
+    path.write_text(path.read_text() + "\n" + evil_code(box.marker))
+
+
+def hub_auto_map_to_evil(box: Sandbox) -> None:
+    config = json.loads((box.hub / "config.json").read_text())
+    config["auto_map"]["AutoModelForCausalLM"] = "evil.EvilForCausalLM"
+    (box.hub / "config.json").write_text(json.dumps(config))
+    (box.hub / "evil.py").write_text(evil_code(box.marker))
+
+
+def hub_stray_python(box: Sandbox) -> None:
+    (box.hub / "evil.py").write_text(evil_code(box.marker))
+
+
+def hub_pickle_only(box: Sandbox) -> None:
+    (box.hub / "model.safetensors").unlink()
+    (box.hub / "pytorch_model.bin").write_bytes(pickle.dumps(_Unpickled(box.marker)))
+
+
+# ---- running ----
+
+
+def small_file_limit() -> None:
+    """In the child: writes past 4 KiB fail with EFBIG, as on a full disk, instead of killing it."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+
+def unprivileged():
+    """In the child (the tests run as root): become a user whom file permissions do deny."""
+    user = pwd.getpwnam(UNPRIVILEGED)
+    os.setgroups([])
+    os.setgid(user.pw_gid)
+    os.setuid(user.pw_uid)
+
+
+def row_skip(row: Row) -> str | None:
+    if row.unwritable and os.access(row.unwritable, os.W_OK):
+        return f"{row.unwritable} is writable here"
+    return permission_rows_skip() if row.permissions else None
+
+
+@functools.cache
+def permission_rows_skip() -> str | None:
+    """Why the permission rows cannot run here, or None: as root they need an unprivileged user who can run Python."""
+    if not IS_ROOT:
+        return None
+    try:
+        subprocess.run([sys.executable, "-c", "pass"], preexec_fn=unprivileged, check=True, capture_output=True)
+    except (OSError, KeyError, subprocess.CalledProcessError):
+        return (f"runs as root, whom file permissions do not deny, and user {UNPRIVILEGED!r} cannot run "
+                f"{sys.executable}")
+    return None
+
+
+def run_row(row: Row, box: Sandbox, home: Path) -> subprocess.CompletedProcess:
+    argv = [str(BIN / row.argv[0])] + [a.format(**box.fill) for a in row.argv[1:]]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1", "HOME": str(home),
+           "HF_HOME": str(home / "hf"), "MPLCONFIGDIR": str(home / "mpl")}
+    preexec = small_file_limit if row.full_disk else unprivileged if row.permissions and IS_ROOT else None
+    return subprocess.run(argv, cwd=box.fill["work"], input="y\ny\n", capture_output=True, text=True, env=env,
+                          timeout=300, preexec_fn=preexec)
+
+
+def _world_readable_dir() -> Path:
+    """A folder the unprivileged user can reach (pytest's own temporary folders are root's alone)."""
+    folder = Path(tempfile.mkdtemp(prefix="lpes-hostile-"))
+    folder.chmod(0o755)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def hub_folder(tmp_path_factory) -> Path:
+    """A Hub folder lpes-convert wrote (per-layer scales, so it holds modeling_lpes.py)."""
+    from lpes.cli import convert_main
+
+    root = tmp_path_factory.mktemp("hub")
+    (root / "spec.json").write_text(json.dumps({"version": 1, "scales": [1.0, 1.5, 2.0, 1.0]}))
+    assert convert_main(["lpes-tiny-kv", "--curve", str(root / "spec.json"), "--to", "hf", "--no-validate",
+                         "--out", str(root / "hub")]) == 0
+    assert (root / "hub" / "modeling_lpes.py").is_file()
+    return root / "hub"
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory, hub_folder):
+    """Every row run once, four at a time: row id -> (result, sandbox, digest before, digest after)."""
+    home, shared = _world_readable_dir(), _world_readable_dir()
+    home.chmod(0o777)  # HOME and caches of the children, the unprivileged one too
+    prepared = {}
+    for row in ROWS:
+        if row_skip(row):
+            continue
+        if row.permissions and IS_ROOT:
+            (shared / row.id).mkdir(mode=0o755)
+            box = make_sandbox(shared / row.id, hub_folder)
+        else:
+            box = make_sandbox(tmp_path_factory.mktemp(row.id), hub_folder)
+        if row.setup:
+            globals()[row.setup](box)
+        prepared[row.id] = (row, box, tree_digest(box.root))
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futures = {rid: pool.submit(run_row, row, box, home) for rid, (row, box, _) in prepared.items()}
+    results = {}
+    for rid, (_, box, before) in prepared.items():
+        done = futures[rid].result()
+        for path in box.root.rglob("*"):  # give the permission rows their folders back, for the digest and cleanup
+            if path.is_dir() and not path.is_symlink():
+                path.chmod(path.stat().st_mode | 0o700)
+        results[rid] = (done, box, before, tree_digest(box.root))
+    yield results
+    shutil.rmtree(home, ignore_errors=True)
+    shutil.rmtree(shared, ignore_errors=True)
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
+def test_refused_in_one_line_and_nothing_changed(outcomes, row):
+    if row_skip(row):
+        pytest.skip(row_skip(row))
+    done, box, before, after = outcomes[row.id]
+    prog = row.argv[0]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.returncode == 2, (done.returncode, done.stderr[-3000:])
+    errors = [line for line in done.stderr.splitlines() if line.strip()]
+    if row.full_disk:  # the run got as far as writing: its progress line, then the error
+        errors = [line for line in errors if not line.startswith(f"{prog}: writing")]
+    assert len(errors) == 1, done.stderr
+    assert errors[0].startswith(f"{prog}: error: ") and row.message in errors[0], errors[0]
+    assert "Do you wish to run the custom code" not in done.stdout + done.stderr
+    assert not box.marker.exists(), "code from the model folder ran"
+    assert after == before, {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
+
+
+def test_the_rows_would_see_a_change(tmp_path, hub_folder):
+    """The digest sees a removed file, a mode change and a lone staging folder (so the rows can fail)."""
+    box = make_sandbox(tmp_path, hub_folder)
+    before = tree_digest(box.root)
+    (Path(box.fill["mine"]) / "thesis.tex").chmod(0o600)
+    assert tree_digest(box.root) != before
+    (Path(box.fill["work"]) / ".out.lpes-partial-1").mkdir()
+    assert ".out.lpes-partial-1" in str(set(tree_digest(box.root)) - set(before))
