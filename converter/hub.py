@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lpes.errors import LpesError
+from lpes.outputs import MARKER
 
 
 def push_folder(folder: Path, repo_id: str, private: bool = False, api=None) -> str:
@@ -20,6 +21,7 @@ def push_folder(folder: Path, repo_id: str, private: bool = False, api=None) -> 
             repo_id=repo_id,
             repo_type="model",
             commit_message="Upload LPES pre-scaled checkpoint (lpes-convert)",
+            ignore_patterns=[MARKER],  # local bookkeeping of lpes-convert --force, not part of the model
         )
     except (HfHubHTTPError, OSError) as err:
         raise LpesError(f"upload to {repo_id} failed: {str(err).splitlines()[0]}") from None
