@@ -11,7 +11,15 @@ In order:
    length. `inv_freq / s` depends on no input, so the ONNX optimizer folds it into one
    constant per distinct scale; those constants are renamed `lpes.inv_freq.scale_<s>`
    so the baked-in scales can be read off the graph.
-4. Write `model.onnx` (weights in `model.onnx_data` above 2 GB), the model's config,
+4. Make the graph portable and fast: drop what torch records about the exporting process
+   (per-node stack traces, module paths, the exporter's signature: absolute paths of this
+   machine), and rewrite, exactly, two patterns onnxruntime's own graph optimizer cannot
+   fuse as torch.onnx writes them: RMSNorm's `x * Reciprocal(Sqrt(v))` becomes `x / Sqrt(v)`
+   (fused into one `SimplifiedLayerNormalization` kernel at session start) and attention's
+   key transpose through rank 3 becomes one Transpose (folded into the MatMul). The file
+   keeps standard ONNX ops only (no contrib ops of onnxruntime's offline transformer
+   optimizer), so TensorRT and other runtimes read the same graph.
+5. Write `model.onnx` (weights in `model.onnx_data` above 2 GB), the model's config,
    generation config and tokenizer files, the spec (`lpes_spec.json`) and what made
    the graph (`lpes_onnx.json`).
 
@@ -44,17 +52,6 @@ METADATA_FILE = "lpes_onnx.json"
 SPEC_FILE = "lpes_spec.json"
 # protobuf cannot hold more than 2 GiB in one file; above this the weights go to model.onnx_data.
 EXTERNAL_DATA_THRESHOLD = 2**31 - 2**26
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
-    "chat_template.jinja",
-    "chat_template.json",
-)
 # RoPE variants whose frequencies change with the sequence length through Python control flow:
 # a traced graph would freeze the branch taken for the example input.
 _LENGTH_DEPENDENT_ROPE = {"dynamic": "dynamic-NTK"}
@@ -73,12 +70,14 @@ def export_onnx(
     shape = onnx_io.CacheShape.from_config(model.config)
     program = _trace(model, shape, DTYPES[dtype], opset)
     constants = _name_scaled_inv_freq(program.model, model, spec)
+    strip_exporter_provenance(program.model)
+    rewrites = _fuse_friendly(program.model)
 
     out_dir.mkdir(parents=True, exist_ok=True)
     _save_graph(program.model, out_dir)
     _copy_model_files(model_path, model, out_dir)
     dump_spec(spec, out_dir / SPEC_FILE)
-    metadata = _metadata(shape, dtype, opset, spec, constants)
+    metadata = _metadata(shape, dtype, opset, spec, constants, rewrites)
     write_text_atomic(out_dir / METADATA_FILE, json.dumps(metadata, indent=2) + "\n")
     return out_dir
 
@@ -199,6 +198,144 @@ def _name_scaled_inv_freq(graph_model, model, spec: Spec) -> dict[str, str | Non
     return found
 
 
+def strip_exporter_provenance(graph_model) -> None:
+    """Drop doc strings and metadata of the model, its graphs, functions, nodes and values, in place.
+
+    torch.onnx records, per node, the Python stack trace, module path and FX node that made
+    it (paths of this machine's site-packages and working tree: about 0.5 MB for a tiny model),
+    plus the ExportedProgram's signature on the graph. None of it is read by a runtime.
+    """
+    graph_model.doc_string = None
+    graph_model.metadata_props.clear()
+    for graph in [*graph_model.graphs(), *graph_model.functions.values()]:
+        graph.doc_string = None
+        graph.metadata_props.clear()
+        values = [*graph.inputs, *graph.outputs]
+        if hasattr(graph, "initializers"):
+            values += graph.initializers.values()
+        for node in graph:
+            node.doc_string = None
+            node.metadata_props.clear()
+            values += node.outputs
+        for value in values:
+            value.doc_string = None
+            value.metadata_props.clear()
+
+
+def _fuse_friendly(graph_model) -> dict[str, int]:
+    """Rewrite, in place and exactly, what onnxruntime would otherwise run unfused; returns counts by rewrite."""
+    from onnx_ir.passes.common import RemoveUnusedNodesPass
+
+    counts = {
+        "rms_norm_division": divide_by_sqrt(graph_model.graph),
+        "direct_key_transpose": transpose_keys_directly(graph_model.graph),
+    }
+    RemoveUnusedNodesPass()(graph_model)  # the detours the rewrites left behind
+    return counts
+
+
+def divide_by_sqrt(graph) -> int:
+    """Rewrite every `Mul(x, Reciprocal(Sqrt(v)))` as `Div(x, Sqrt(v))`; returns how many Reciprocals went.
+
+    torch.onnx exports `torch.rsqrt` (RMSNorm's `x * rsqrt(mean(x^2) + eps)`) as Sqrt then
+    Reciprocal then Mul, a form onnxruntime's SimplifiedLayerNormFusion does not recognise;
+    with Div it fuses the whole norm into one kernel (as it does for optimum's exports). The
+    two forms differ by at most one rounding of the quotient.
+    """
+    from onnx_ir import Node
+
+    rewritten = 0
+    for reciprocal in [n for n in graph if _is_op(n, "Reciprocal")]:
+        root, inverse = reciprocal.inputs[0], reciprocal.outputs[0]
+        sqrt = root.producer() if root is not None else None
+        uses = list(inverse.uses())
+        if sqrt is None or sqrt.op_type != "Sqrt" or inverse.is_graph_output() or not uses:
+            continue
+        if not all(_is_op(use, "Mul") for use, _ in uses):
+            continue
+        for mul, index in uses:
+            _replace(graph, mul, Node("", "Div", [mul.inputs[1 - index], root], name=f"{mul.name}_as_div"))
+        graph.remove(reciprocal, safe=True)
+        rewritten += 1
+    return rewritten
+
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def transpose_keys_directly(graph) -> int:
+    """Rewrite attention's key transpose as one Transpose of the last two axes; returns how many.
+
+    torchlib's scaled_dot_product_attention transposes the keys of a rank-r tensor through
+    rank 3, so that one static permutation serves any rank: Reshape(k, [-1, t, d]), then
+    Transpose(0, 2, 1), then Reshape back to k.shape[:-2] + [d, t]. The same data movement as
+    Transpose(k, perm=[..., r-1, r-2]); but only that direct form lets onnxruntime fold the
+    transpose into the MatMul (FusedMatMul transB) instead of copying the whole KV cache of
+    every layer at every step. Matched on the shape arithmetic torchlib emits, so nothing
+    else is touched.
+    """
+    from onnx_ir import Attr, AttributeType, Node
+
+    rewritten = 0
+    for transpose in [n for n in graph if _is_op(n, "Transpose")]:
+        perm = transpose.attributes.get("perm")
+        squeeze = transpose.inputs[0].producer()
+        users = list(transpose.outputs[0].uses())
+        if perm is None or list(perm.as_ints()) != [0, 2, 1] or not _is_op(squeeze, "Reshape") or len(users) != 1:
+            continue
+        restore, index = users[0]
+        key = squeeze.inputs[0]
+        rank = key.shape.rank() if key.shape is not None else None
+        if not _is_op(restore, "Reshape") or index != 0 or rank is None or rank < 3:
+            continue
+        if _shape_parts(squeeze.inputs[1], key) != [("const", (-1,)), ("dims", -2, -1), ("dims", -1, _INT64_MAX)]:
+            continue
+        last_two_swapped = [("dims", _INT64_MIN, -2), ("dims", -1, _INT64_MAX), ("dims", -2, -1)]
+        if _shape_parts(restore.inputs[1], key) != last_two_swapped:
+            continue
+        order = [*range(rank - 2), rank - 1, rank - 2]
+        swap = Attr("perm", AttributeType.INTS, order)
+        _replace(graph, restore, Node("", "Transpose", [key], [swap], name=f"{transpose.name}_direct"))
+        rewritten += 1  # the rank-3 detour, now unused, goes with the dead-node pass in _fuse_friendly
+    return rewritten
+
+
+def _is_op(node, op_type: str) -> bool:
+    return node is not None and node.op_type == op_type and node.domain in ("", "ai.onnx")
+
+
+def _shape_parts(shape_value, source) -> list[tuple] | None:
+    """A shape built as Concat(constant ints | Slice(Shape(source), start, end)), as tuples; None otherwise."""
+    concat = shape_value.producer() if shape_value is not None else None
+    if not _is_op(concat, "Concat") or concat.attributes["axis"].as_int() != 0:
+        return None
+    parts = []
+    for value in concat.inputs:
+        if value.const_value is not None:
+            parts.append(("const", tuple(int(v) for v in value.const_value.numpy().ravel())))
+            continue
+        sliced = value.producer()
+        if not _is_op(sliced, "Slice") or len(sliced.inputs) != 3:
+            return None
+        shape_of = sliced.inputs[0].producer()
+        if not _is_op(shape_of, "Shape") or shape_of.inputs[0] is not source or "end" in shape_of.attributes:
+            return None
+        if shape_of.attributes.get("start") is not None and shape_of.attributes["start"].as_int() != 0:
+            return None
+        bounds = [sliced.inputs[i].const_value for i in (1, 2)]
+        if any(b is None or b.numpy().size != 1 for b in bounds):
+            return None
+        parts.append(("dims", *(int(b.numpy().ravel()[0]) for b in bounds)))
+    return parts
+
+
+def _replace(graph, old, new) -> None:
+    """Put `new` in place of `old`: its output takes over the old output's name, type, shape and uses."""
+    from onnx_ir.convenience import replace_nodes_and_values
+
+    replace_nodes_and_values(graph, old, [old], [new], [old.outputs[0]], [new.outputs[0]])
+
+
 def _save_graph(graph_model, out_dir: Path) -> None:
     import onnx_ir
 
@@ -211,17 +348,18 @@ def _save_graph(graph_model, out_dir: Path) -> None:
 
 
 def _copy_model_files(model_path: Path, model, out_dir: Path) -> None:
-    shutil.copyfile(model_path / "config.json", out_dir / "config.json")
+    from lpes.converter.portable_files import write_config_json, write_tokenizer_files
+
+    # config and tokenizer files that transformers 4.x (optimum-onnx) reads as 5 does
+    write_config_json(json.loads((model_path / "config.json").read_text()), out_dir / "config.json")
     if (model_path / "generation_config.json").is_file():
         shutil.copyfile(model_path / "generation_config.json", out_dir / "generation_config.json")
     else:
         model.generation_config.save_pretrained(out_dir)
-    for name in TOKENIZER_FILES:
-        if (model_path / name).is_file():
-            shutil.copyfile(model_path / name, out_dir / name)
+    write_tokenizer_files(model_path, out_dir)
 
 
-def _metadata(shape: onnx_io.CacheShape, dtype: str, opset: int, spec: Spec, constants: dict) -> dict:
+def _metadata(shape: onnx_io.CacheShape, dtype: str, opset: int, spec: Spec, constants: dict, rewrites: dict) -> dict:
     import onnx
     import transformers
 
@@ -237,6 +375,8 @@ def _metadata(shape: onnx_io.CacheShape, dtype: str, opset: int, spec: Spec, con
         **shape.to_json(),
         "scales": list(spec.scales),
         "scaled_inv_freq_constants": constants,
+        # Subgraphs written in the form onnxruntime's graph optimizer fuses (see _fuse_friendly).
+        "fusion_friendly_rewrites": rewrites,
     }
 
 

@@ -9,9 +9,14 @@ has four dynamic dimensions, named in the graph itself (see `onnx_io`):
     past_sequence_length    tokens already in the KV cache      min 0 (a prefill), max --max-past
     total_sequence_length   past + sequence (attention_mask)    max --max-total
 
-`--max-total` defaults to the model's `max_position_embeddings` and bounds past + sequence:
-TensorRT checks each input against its own range only, so the attention mask's range is
-what refuses a call whose past and new tokens together exceed the model's positions.
+`--max-total` bounds past + sequence: TensorRT checks each input against its own range
+only, so the attention mask's range is what refuses a call whose past and new tokens
+together exceed what the model covers. An LPES model is used beyond its trained positions:
+a layer with scale s interpolates s x as many positions into its trained range, so the
+spec covers `max_position_embeddings x` its largest scale (the demo: 256 x 4 = 1024).
+That is `--max-total`'s default, capped at DEFAULT_TOTAL_CAP because the profile's max
+shape sizes the engine's activation memory (never below the model's own positions; pass
+`--max-total` to go further, up to that product).
 
 Everything here is a pure function of numbers, so it is tested without TensorRT.
 """
@@ -19,6 +24,7 @@ Everything here is a pure function of numbers, so it is tested without TensorRT.
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import dataclass
 
 from lpes.errors import LpesError
@@ -27,6 +33,9 @@ DEFAULT_MAX_BATCH = 8  # the batch size of lpes-validate's key-value scoring
 # Kernels are tuned at the opt point; one profile serves prefill and decode, so opt sits in
 # the middle: a short prefill chunk over a half-full cache.
 DEFAULT_OPT_SEQUENCE = 128
+# Most past + new tokens a default profile spans (a 32k context: as far as common long-context
+# evaluations go, and activation memory an engine still fits on one GPU at batch 8 for 7B models).
+DEFAULT_TOTAL_CAP = 32768
 
 _FIELDS = ("batch", "sequence", "past", "total")
 # Graph dimension names (as the ONNX exporter writes them) -> Profile field.
@@ -66,9 +75,15 @@ class Profile:
             raise LpesError(f"TensorRT profile: need batch/sequence/past/total as [min, opt, max] ({err})") from None
 
 
+def lpes_positions(max_positions: int, max_scale: float = 1.0) -> int:
+    """The most past + new tokens the spec covers: `max_positions` x the largest scale (never below `max_positions`)."""
+    return max(max_positions, math.floor(max_positions * max_scale))
+
+
 def default_profile(
     max_positions: int,
     *,
+    max_scale: float = 1.0,
     max_batch: int = DEFAULT_MAX_BATCH,
     opt_batch: int = 1,
     max_total: int | None = None,
@@ -77,13 +92,18 @@ def default_profile(
     max_past: int | None = None,
     opt_past: int | None = None,
 ) -> Profile:
-    """The profile for a model with `max_positions` positions; every argument left None gets its default."""
+    """The profile for a model with `max_positions` positions whose LPES spec's largest scale is `max_scale`.
+
+    Every argument left None gets its default (see the module docstring).
+    """
     _positive("max_position_embeddings", max_positions)
-    total_max = max_positions if max_total is None else max_total
+    covered = lpes_positions(max_positions, max_scale)
+    total_max = max(max_positions, min(covered, DEFAULT_TOTAL_CAP)) if max_total is None else max_total
     _positive("--max-total", total_max)
-    if total_max > max_positions:
+    if total_max > covered:
+        scaled = f" x the spec's largest scale ({max_scale:g}) = {covered}" if covered > max_positions else ""
         raise LpesError(
-            f"--max-total {total_max} exceeds the model's max_position_embeddings ({max_positions})"
+            f"--max-total {total_max} exceeds the model's max_position_embeddings ({max_positions}){scaled}"
         )
     sequence_max = total_max if max_sequence is None else max_sequence
     past_max = total_max - 1 if max_past is None else max_past
@@ -161,7 +181,8 @@ def trtexec_shape_flags(shapes: dict[str, tuple[tuple[int, ...], ...]]) -> list[
 _FLAGS = (
     ("--max-batch", "max_batch", f"largest batch the engine accepts (default {DEFAULT_MAX_BATCH})"),
     ("--opt-batch", "opt_batch", "batch the kernels are tuned for (default 1)"),
-    ("--max-total", "max_total", "largest past + new tokens (default: the model's max_position_embeddings)"),
+    ("--max-total", "max_total", "largest past + new tokens (default: the model's max_position_embeddings x "
+     f"the spec's largest scale, at most {DEFAULT_TOTAL_CAP})"),
     ("--max-sequence", "max_sequence", "most new tokens per call, i.e. the longest prefill (default: --max-total)"),
     ("--opt-sequence", "opt_sequence", f"new tokens the kernels are tuned for (default {DEFAULT_OPT_SEQUENCE})"),
     ("--max-past", "max_past", "longest KV cache (default: --max-total - 1)"),
@@ -181,6 +202,6 @@ def profile_overrides(args: argparse.Namespace) -> dict[str, int]:
     return {dest: getattr(args, dest) for _, dest, _ in _FLAGS if getattr(args, dest, None) is not None}
 
 
-def profile_from_args(args: argparse.Namespace, max_positions: int) -> Profile:
-    """The profile the flags ask for (defaults from `max_positions`)."""
-    return default_profile(max_positions, **profile_overrides(args))
+def profile_from_args(args: argparse.Namespace, max_positions: int, max_scale: float = 1.0) -> Profile:
+    """The profile the flags ask for (defaults from `max_positions` and the spec's largest scale)."""
+    return default_profile(max_positions, max_scale=max_scale, **profile_overrides(args))
