@@ -1,4 +1,4 @@
-"""The search space: Bezier control points on a grid (method.md sections 2-3).
+"""The search space: Bezier control points on a grid (docs/method.md, sections 2-3).
 
 A genome holds, for a curve of degree d, the x of the d - 1 interior control points
 (on the layer grid 0..L-1, kept sorted so x is non-decreasing) and the y of all d + 1
@@ -7,11 +7,14 @@ points (indices into the scale grid). The end points sit at the first and last l
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
 from lpes.errors import LpesError
-from lpes.spec import Spec
+from lpes.spec import MAX_SCALE, MIN_SCALE, Spec
+
+MAX_GRID_VALUES = 1000  # a genome's y indexes the grid; a 1e-9 step would allocate billions of values
 
 
 @dataclass(frozen=True)
@@ -25,9 +28,15 @@ class ScaleGrid:
             low, high, step = (float(part) for part in text.split(":"))
         except ValueError:
             raise LpesError(f"--scale-grid must be MIN:MAX:STEP, got {text!r}") from None
+        if not all(math.isfinite(v) for v in (low, high, step)):
+            raise LpesError(f"--scale-grid {text!r}: MIN, MAX and STEP must be finite numbers")
         if step <= 0 or low <= 0 or high < low:
             raise LpesError(f"--scale-grid {text!r} has no values (need 0 < MIN <= MAX and STEP > 0)")
+        if low < MIN_SCALE or high > MAX_SCALE:
+            raise LpesError(f"--scale-grid {text!r}: scales must lie in [{MIN_SCALE:g}, {MAX_SCALE:g}] (as in a spec)")
         count = int(round((high - low) / step)) + 1
+        if count > MAX_GRID_VALUES:
+            raise LpesError(f"--scale-grid {text!r} has {count} values; at most {MAX_GRID_VALUES} (a larger STEP)")
         values = tuple(round(low + i * step, 10) for i in range(count) if low + i * step <= high + 1e-9)
         return cls(values)
 

@@ -178,10 +178,11 @@ def test_file_description_uses_the_benchmark_records(tmp_path):
     path = tmp_path / "kv.jsonl"
     benchmark_file(path, num_keys=6, num_examples=4)
     records = kv_data.read_jsonl(path)
+    held_out = [records[i] for i in kv_data.split_records(records)[1]]  # validation reads the held-out half
     examples = tasks.load_examples(None, str(path))
-    assert examples == kv_data.make_examples(records, kv_data.default_gold_indices(6))
+    assert examples == kv_data.make_examples(held_out, kv_data.default_gold_indices(6))
     two = tasks.load_examples(None, f"kv:file={path},examples=2,gold=3")
-    assert two == kv_data.make_examples(records[:2], [3])
+    assert two == kv_data.make_examples(held_out[:2], [3])
 
 
 def test_model_folder_task_file_selects_tiny_kv(tmp_path):

@@ -1,4 +1,4 @@
-"""The "lost in the middle" key-value retrieval task (Liu et al. 2023; method.md section 4).
+"""The "lost in the middle" key-value retrieval task (Liu et al. 2023; docs/method.md, section 4).
 
 One record of the benchmark's JSONL files (`kv-retrieval-75_keys.jsonl.gz` ...)::
 
@@ -20,6 +20,7 @@ models), unless `use_chat_template=False`.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import os
 import random
@@ -159,6 +160,26 @@ def default_gold_indices(num_pairs: int) -> list[int]:
         return list(PAPER_GOLD_INDICES[num_pairs])
     count = min(5, num_pairs)
     return sorted({round(i * (num_pairs - 1) / (count - 1)) for i in range(count)})
+
+
+def record_digest(record: KvRecord) -> str:
+    """SHA-256 of the record as the benchmark writes it: the same record has it in every file."""
+    return hashlib.sha256(json.dumps(record.to_json()).encode("utf-8")).hexdigest()
+
+
+def split_records(records: Sequence[KvRecord]) -> tuple[list[int], list[int]]:
+    """(calibration, held-out) indices of `records`, in file order; the two never share a record.
+
+    Distinct records are ranked by `record_digest`: even ranks calibrate the search, odd
+    ranks are held out. The rule reads only the records themselves, not their order or how
+    many are asked for, so every command that reads the same file draws the same two halves,
+    and copies of one record always fall on the same side.
+    """
+    digests = [record_digest(record) for record in records]
+    rank = {digest: i for i, digest in enumerate(sorted(set(digests)))}
+    calibration = [i for i, digest in enumerate(digests) if rank[digest] % 2 == 0]
+    held_out = [i for i, digest in enumerate(digests) if rank[digest] % 2 == 1]
+    return calibration, held_out
 
 
 def read_jsonl(path: str | os.PathLike) -> list[KvRecord]:
