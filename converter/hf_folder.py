@@ -55,9 +55,12 @@ class HubFolderWritten:
 
 
 def write_hf_folder(
-    model_path: Path, spec: Spec, out_dir: Path, base_model: str, lpes_version: str
+    model_path: Path, spec: Spec, out_dir: Path, base_model: str, lpes_version: str, model_card: bool = True
 ) -> HubFolderWritten:
-    """Write the Hub folder for `model_path` + `spec` into `out_dir` (which must exist)."""
+    """Write the Hub folder for `model_path` + `spec` into `out_dir` (which must exist).
+
+    `model_card=False` leaves README.md to the caller (lpes-convert writes it once, after validation).
+    """
     config = load_config(model_path)
     if getattr(config, "auto_map", None):
         raise LpesError(f"{model_path} is itself custom code (auto_map); lpes wraps only built-in transformers models")
@@ -81,7 +84,8 @@ def write_hf_folder(
     write_config_json(data, out_dir / "config.json")
     dump_spec(spec, out_dir / "lpes_spec.json")
     plot_curve(spec, out_dir / "lpes_curve.png")
-    write_model_card(out_dir, spec, base_model, config)
+    if model_card:
+        write_model_card(out_dir, spec, base_model, config)
     return HubFolderWritten(out_dir, stock is not None, note)
 
 

@@ -9,6 +9,7 @@ unpickled). `check_model_folder` says so in one line at plan time, before any we
 from __future__ import annotations
 
 import json
+import math
 import os
 from importlib.resources import files
 from pathlib import Path
@@ -242,3 +243,30 @@ def default_dtype(device: str) -> str:
     if torch.device(device).type == "cuda" and not torch.cuda.is_bf16_supported():
         return "float16"
     return "bfloat16"
+
+
+def parameter_count(model_path: Path) -> int:
+    """Parameters of the safetensors weights, from their headers alone (no tensor is read)."""
+    from safetensors import safe_open
+
+    params = 0
+    for shard in check_weights(Path(model_path)):
+        with safe_open(str(shard), framework="pt") as handle:
+            for name in handle.keys():
+                params += math.prod(handle.get_slice(name).get_shape())
+    return params
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to a new allocation (Linux: MemAvailable), None where unknown."""
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lpes.exporters.targets import ExportJob, OpenedExport, RunContext, Target, Written, register
+
+if TYPE_CHECKING:
+    from lpes.validation.report import ValidationReport
 
 
 @register
@@ -13,22 +17,27 @@ class HubFolder(Target):
     folder = "."
     marker = "config.json"
     order = 10
-    help = "the Hub folder (load with trust_remote_code=True)"
+    help = "the Hub folder (a stock RoPE config where one scale per rotary is exact, else LPES code)"
 
     def write(self, folder: Path) -> Written:
         import lpes
         from lpes.converter.hf_folder import write_hf_folder
 
         job: ExportJob = self.job
-        write_hf_folder(job.model_path, job.spec, folder, job.model_name, lpes.__version__)
-        return Written()
+        written = write_hf_folder(job.model_path, job.spec, folder, job.model_name, lpes.__version__,
+                                  model_card=False)
+        return Written(reports=[f"Hub folder: {written.note}"])
 
-    def finish(self, folder: Path, validation_markdown: str | None) -> None:
-        if validation_markdown is None:
-            return
+    def finish(self, folder: Path, validation: ValidationReport | None) -> None:
+        """The model card, once: with the validation table and its numbers when validation ran."""
         from lpes.converter.model_card import write_model_card
 
-        write_model_card(folder, self.job.spec, self.job.model_name, self.job.config, validation_markdown)
+        job = self.job
+        if validation is None:
+            write_model_card(folder, job.spec, job.model_name, job.config)
+        else:
+            write_model_card(folder, job.spec, job.model_name, job.config, validation.markdown(),
+                             validation.measured())
 
     @classmethod
     def open(cls, folder: Path, run: RunContext) -> OpenedExport:

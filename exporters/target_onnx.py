@@ -15,6 +15,11 @@ def require(module: str, extra: str) -> None:
         raise RunnerUnavailable(f"{module} is not installed (pip install 'lpes[{extra}]')")
 
 
+# Peak RSS per byte of weights, measured on a 1.1B model (bench/RESULTS.md): 1.13 for the export,
+# 2.0 for the parity check that follows it (reference and onnxruntime session in one process).
+EXPORT_PEAK_PER_WEIGHT_BYTE = 2.0
+
+
 @register
 class OnnxExport(Target):
     name = "onnx"
@@ -27,6 +32,7 @@ class OnnxExport(Target):
         from lpes.exporters.onnx_export import check_exportable
 
         check_exportable(self.job.config, self.job.spec, self.job.dtype)
+        self._check_memory()
         if self.job.validate:
             from lpes.validation.ort_runner import check_dtype_supported
 
@@ -61,3 +67,15 @@ class OnnxExport(Target):
         from lpes.exporters.onnx_export import read_metadata
 
         return read_metadata(folder).get("dtype", "float32")
+
+    def _check_memory(self) -> None:
+        """Refuse now an export that would run out of memory later (it holds the weights in --dtype)."""
+        from lpes.converter.loading import DTYPES, available_memory, parameter_count
+        from lpes.validation.checks import format_bytes
+
+        share = EXPORT_PEAK_PER_WEIGHT_BYTE if self.job.validate else 1.2
+        needed = share * parameter_count(self.job.model_path) * DTYPES[self.job.dtype].itemsize
+        available = available_memory()
+        if available is not None and needed > available:
+            raise LpesError(f"--to onnx needs about {format_bytes(needed)} of memory for this model in "
+                            f"{self.job.dtype}; this machine has {format_bytes(available)} available")

@@ -24,10 +24,13 @@ import pkgutil
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from lpes.errors import LpesError
 from lpes.spec import Spec
+
+if TYPE_CHECKING:
+    from lpes.validation.report import ValidationReport
 
 
 class RunnerUnavailable(Exception):
@@ -101,8 +104,8 @@ class Target:
         """Write the export into `folder` (created; empty unless it is the output folder itself)."""
         raise NotImplementedError
 
-    def finish(self, folder: Path, validation_markdown: str | None) -> None:
-        """After validation: files that include its result (the Hub folder's model card)."""
+    def finish(self, folder: Path, validation: ValidationReport | None) -> None:
+        """After validation (None: it did not run): files that include its result (the model card)."""
 
     @classmethod
     def find(cls, out_dir: Path) -> Path | None:

@@ -43,7 +43,7 @@ from lpes.exporters.tensorrt_recipe import (
     trtexec_command,
     write_recipe,
 )
-from lpes.spec import write_text_atomic
+from lpes.files import write_bytes_atomic, write_text_atomic
 
 DTYPES = ("float32", "float16", "bfloat16")
 FORMAT = "lpes-tensorrt"
@@ -74,7 +74,7 @@ def build_engine_or_explain(
         raise LpesError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     metadata = read_metadata(onnx_dir)
     check_tensorrt_support(onnx_dir / MODEL_FILE)
-    profile = profile or default_profile(max_positions(onnx_dir))
+    profile = profile or default_profile(max_positions(onnx_dir), max_scale=max(metadata["scales"]))
     missing = tensorrt_build.missing_requirements()
     # Without TensorRT here its version is unknown: the plan for 10 builds on 10 and 11 alike.
     plan = build_plan(tensorrt_build.tensorrt_version() if missing is None else "10", dtype, typing)
@@ -93,7 +93,7 @@ def build_engine_or_explain(
         )
     cache = Path(timing_cache) if timing_cache else out_dir / TIMING_CACHE_FILE
     serialized = build_serialized_engine(onnx_file, shapes, plan, cache, workspace_bytes)
-    _write_engine(out_dir / ENGINE_FILE, serialized)
+    write_bytes_atomic(out_dir / ENGINE_FILE, serialized)
     sidecar = _sidecar(onnx_dir, onnx_file, out_dir, metadata, dtype, profile, shapes, plan, cache)
     write_text_atomic(out_dir / SIDECAR_FILE, json.dumps(sidecar, indent=2) + "\n")
     return None
@@ -140,16 +140,6 @@ def graph_input_dims(onnx_file: Path) -> dict[str, list[int | str]]:
         shape = value.type.tensor_type.shape.dim
         dims[value.name] = [d.dim_value if d.HasField("dim_value") else d.dim_param for d in shape]
     return dims
-
-
-def _write_engine(path: Path, serialized) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with open(tmp, "wb") as handle:
-            handle.write(serialized)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _sidecar(onnx_dir, onnx_file, out_dir, metadata, dtype, profile, shapes, plan, cache) -> dict:
@@ -200,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     add_profile_arguments(parser)
     args = parser.parse_args(argv)
     try:
-        profile = profile_from_args(args, max_positions(args.onnx_dir))
+        profile = profile_from_args(args, max_positions(args.onnx_dir), max(read_metadata(args.onnx_dir)["scales"]))
         note = build_engine_or_explain(args.onnx_dir, args.out_dir, args.dtype, profile, timing_cache=args.timing_cache)
     except LpesError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lpes.errors import LpesError
+from lpes.files import write_bytes_atomic
 
 MIN_TENSORRT = 10
 _CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, _CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 75, 76
@@ -185,8 +186,4 @@ def _load_timing_cache(config, path: Path):
 
 
 def _save_timing_cache(cache, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as handle:
-        handle.write(cache.serialize())
-    tmp.replace(path)
+    write_bytes_atomic(path, cache.serialize())

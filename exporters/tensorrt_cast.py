@@ -22,7 +22,6 @@ largest finite value (the attention mask's "minus infinity" is float32's lowest 
 
 from __future__ import annotations
 
-import os
 from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from lpes.errors import LpesError
+from lpes.files import save_atomic
 
 FLOAT = 1
 LOW_TYPES = {"float16": 10, "bfloat16": 16}
@@ -283,17 +283,12 @@ def _save(model, dst: Path) -> None:
     """Write atomically: a temporary file renamed into place (weights beside it when too large for one file)."""
     import onnx
 
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(f".{dst.name}.tmp")
     size = sum(len(i.raw_data) for i in model.graph.initializer)
-    try:
-        if size > _EXTERNAL_DATA_THRESHOLD:
-            data = dst.with_name(f"{dst.name}_data")
-            data.unlink(missing_ok=True)
-            onnx.save_model(model, str(tmp), save_as_external_data=True, all_tensors_to_one_file=True,
-                            location=data.name, size_threshold=1024)
-        else:
-            onnx.save_model(model, str(tmp))
-        os.replace(tmp, dst)
-    finally:
-        tmp.unlink(missing_ok=True)
+    if size > _EXTERNAL_DATA_THRESHOLD:
+        data = dst.with_name(f"{dst.name}_data")
+        data.unlink(missing_ok=True)
+        save_atomic(dst, lambda tmp: onnx.save_model(model, str(tmp), save_as_external_data=True,
+                                                     all_tensors_to_one_file=True, location=data.name,
+                                                     size_threshold=1024))
+    else:
+        save_atomic(dst, lambda tmp: onnx.save_model(model, str(tmp)))

@@ -143,8 +143,17 @@ def _convert_parser() -> argparse.ArgumentParser:
     parser.add_argument("--push-to-hub", metavar="REPO_ID", help="upload the Hub folder to this repo when done")
     parser.add_argument("--data", default=None,
                         help="validation examples, as lpes-validate --data (default: the model's own task)")
+    parser.add_argument("--max-minutes", type=float, default=20.0,
+                        help="validation: skip the key-value scoring when its estimate is longer, and say how to "
+                        "run it elsewhere (0: no limit; default 20)")
     add_target_arguments(parser)
     return parser
+
+
+def _max_seconds(minutes: float) -> float | None:
+    if not minutes >= 0 or minutes == float("inf"):  # also NaN
+        raise LpesError(f"--max-minutes must be a number >= 0 (0: no limit), got {minutes:g}")
+    return minutes * 60 or None
 
 
 def _convert(argv: list[str] | None) -> int:
@@ -153,7 +162,7 @@ def _convert(argv: list[str] | None) -> int:
 
     args = _convert_parser().parse_args(argv)
     options = ConvertOptions(args.model, args.spec, args.out, args.to, args.dtype, args.force, args.validate,
-                             args.push_to_hub, args.data, target_options(args))
+                             args.push_to_hub, args.data, _max_seconds(args.max_minutes), target_options(args))
     result = execute(plan(options))
     for report in result.reports:
         print(report)
@@ -195,8 +204,7 @@ def _validate(argv: list[str] | None) -> int:
     from lpes.validation.report import find_spec, validate
 
     args = _validate_parser().parse_args(argv)
-    if args.max_minutes < 0:
-        raise LpesError(f"--max-minutes must be >= 0, got {args.max_minutes:g}")
+    max_seconds = _max_seconds(args.max_minutes)
     if not args.dir.is_dir():
         raise LpesError(f"{args.dir} is not a folder" if args.dir.exists() else f"folder not found: {args.dir}")
     check_hub_code(args.dir)  # before anything imports the folder's code (converter/trust.py)
@@ -206,7 +214,7 @@ def _validate(argv: list[str] | None) -> int:
     device = check_device(args.device)
     dtype = default_dtype(device) if args.dtype == "auto" else args.dtype
     report = validate(model_path, args.dir, spec, data=args.data, chat_template=args.chat_template,
-                      reference_dtype=dtype, device=device, max_seconds=args.max_minutes * 60 or None,
+                      reference_dtype=dtype, device=device, max_seconds=max_seconds,
                       model_name=model)
     print(report.format())
     print("wrote " + ", ".join(str(p) for p in report.files))

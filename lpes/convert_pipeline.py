@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lpes.converter.loading import DTYPES, load_config, model_fingerprint, resolve_model
 from lpes.converter.reference import check_layout
@@ -24,6 +24,9 @@ from lpes.errors import LpesError
 from lpes.exporters.targets import ExportJob, Target, parse_targets
 from lpes.outputs import check_output_folder, staged_output
 from lpes.spec import Spec, load_spec
+
+if TYPE_CHECKING:
+    from lpes.validation.report import ValidationReport
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,7 @@ class ConvertOptions:
     validate: bool = True
     push_to_hub: str | None = None
     data: str | None = None  # validation examples, as lpes-validate --data (None: the model's own task)
+    max_validation_seconds: float | None = 20 * 60  # key-value scoring estimated longer is skipped; None: no limit
     # Per target name: the options of its own flags (see Target.options_from).
     target_options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -51,6 +55,7 @@ class ConvertPlan:
     force: bool = False
     push_to_hub: str | None = None
     data: str | None = None
+    max_validation_seconds: float | None = None
     notes: list[str] = field(default_factory=list)  # said before any work starts
 
     @property
@@ -91,7 +96,8 @@ def plan(options: ConvertOptions) -> ConvertPlan:
     for target in targets:
         target.check()
     notes = [note for t in targets if (note := getattr(t, "plan_note", lambda: None)())]
-    return ConvertPlan(job, out, targets, options.force, options.push_to_hub, options.data, notes)
+    return ConvertPlan(job, out, targets, options.force, options.push_to_hub, options.data,
+                       options.max_validation_seconds, notes)
 
 
 def _warn_if_made_for_another_model(spec: Spec, config) -> None:
@@ -140,9 +146,9 @@ def run_targets(plan: ConvertPlan, staging: Path, result: ConvertResult) -> None
         result.reports += written.reports
         result.warnings += written.warnings
         result.passed &= written.passed
-    markdown = _validate(plan, staging, result) if plan.job.validate else None
+    report = _validate(plan, staging, result) if plan.job.validate else None
     for target in plan.targets:
-        target.finish(staging / target.folder, markdown)
+        target.finish(staging / target.folder, report)
 
 
 def convert(model: str, spec, out, targets: str | Sequence[str] = "hf", **options) -> ConvertResult:
@@ -154,12 +160,12 @@ def _progress(message: str) -> None:
     print(f"lpes-convert: {message}", file=sys.stderr, flush=True)
 
 
-def _validate(plan: ConvertPlan, staging: Path, result: ConvertResult) -> str:
+def _validate(plan: ConvertPlan, staging: Path, result: ConvertResult) -> ValidationReport:
     from lpes.validation.report import validate
 
     _progress("validating key-value retrieval accuracy by position")
     report = validate(plan.job.model_path, staging, plan.job.spec, data=plan.data, variants=plan.target_names,
-                      model_name=plan.job.model_name, shown_dir=plan.out)
+                      model_name=plan.job.model_name, shown_dir=plan.out, max_seconds=plan.max_validation_seconds)
     result.reports.append(report.format())
     result.passed &= report.passed
-    return report.markdown()
+    return report

@@ -144,7 +144,7 @@ def test_existing_output_needs_force_and_failure_leaves_nothing(tmp_path, spec_f
     def boom(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(hf_folder, "write_model_card", boom)
+    monkeypatch.setattr(hf_folder, "plot_curve", boom)  # interrupted half-way through writing the folder
     assert convert(base, "--curve", spec_file, "--to", "hf", "--out", tmp_path / "new") == 130
     assert sorted(p.name for p in tmp_path.iterdir()) == ["base", "best.json", "out"]
 

@@ -16,11 +16,8 @@ A skipped check says why and which command runs it elsewhere.
 
 from __future__ import annotations
 
-import math
-import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -114,35 +111,6 @@ def _float64_rope(rotary, layer_type, scale: float, ids: torch.Tensor, interleav
 
 
 # ---- what this machine can afford ----
-
-
-def parameter_count(model_path: Path) -> int:
-    """Parameters of the safetensors weights, from their headers alone (no tensor is read)."""
-    from safetensors import safe_open
-
-    from lpes.converter.loading import check_weights
-
-    params = 0
-    for shard in check_weights(Path(model_path)):
-        with safe_open(str(shard), framework="pt") as handle:
-            for name in handle.keys():
-                params += math.prod(handle.get_slice(name).get_shape())
-    return params
-
-
-def available_memory() -> int | None:
-    """Bytes of memory available to a new allocation (Linux: MemAvailable), None where unknown."""
-    try:
-        with open("/proc/meminfo") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def matmul_rate(device: torch.device, dtype: torch.dtype) -> float:

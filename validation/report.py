@@ -289,13 +289,13 @@ def _positions_to_check(config, spec: Spec) -> int:
 
 def _plan_kv(model_path: Path, config, examples, data, chat_template, dtype, device, variants, max_seconds) -> KvPlan:
     """Whether key-value scoring fits here: a tokenizer, memory for the weights, time within the budget."""
-    from lpes.converter.loading import DTYPES, has_tokenizer, load_tokenizer
+    from lpes.converter.loading import DTYPES, available_memory, has_tokenizer, load_tokenizer, parameter_count
 
     if not has_tokenizer(model_path):
         return KvPlan(f"{Path(model_path).name} has no tokenizer files, so no prompts can be built")
-    params = checks.parameter_count(model_path)
+    params = parameter_count(model_path)
     needed = params * DTYPES[dtype].itemsize
-    available = checks.available_memory()
+    available = available_memory()
     if available is not None and needed > checks.MEMORY_SHARE * available:
         return KvPlan(f"the weights take {checks.format_bytes(needed)} in {dtype}; this machine has "
                       f"{checks.format_bytes(available)} available")
