@@ -12,7 +12,9 @@ Two pools hold replicas behind one small interface (`ReplicaPool`):
 
 Only scoring is distributed. The genetic search, racing and checkpoints stay in the driver,
 and a verdict depends only on (scales, example), so the search ends with the same result
-whatever the pool, the number of replicas, or the faults on the way.
+whatever the pool, the number of replicas, or the faults on the way. (Exactly so in float32 on
+the CPU, tested; in bfloat16 on GPUs, batches of another size may round differently and flip
+an answer decided by a near-tie.) A replacement actor waits until the cluster has room for it.
 """
 
 from __future__ import annotations
