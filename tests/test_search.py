@@ -2,6 +2,7 @@
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -113,7 +114,7 @@ def test_kill_and_resume_gives_the_same_bytes(tmp_path, tiny_kv_model, monkeypat
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--population", "1"], "--population must be at least 2"),
+    (["--population", "1"], "--population must be in 2..10000"),
     (["--scale-grid", "3:1:0.5"], "has no values"),
     (["--data", "tiny-kv:examples=0"], "examples"),
 ])
@@ -143,3 +144,51 @@ def test_search_on_the_bundled_model_improves_held_out_accuracy(tmp_path):
     held_out = spec.provenance["held_out"]
     assert held_out["lpes"] >= held_out["unscaled"] + 0.2
     assert spec.provenance["search"]["fitness"] >= spec.provenance["search"]["best_uniform_fitness"]
+
+
+def test_dtype_reaches_the_loaded_model_and_the_spec(tmp_path, tiny_kv_model, monkeypatch):
+    """--dtype bfloat16 loads the replica in bfloat16 (seen on its weights) and the spec says so; auto on a CPU
+    is float32."""
+    from lpes.converter import loading
+
+    loaded = []
+    real_load = loading.load_model
+
+    def recording_load(*args, **kwargs):
+        model = real_load(*args, **kwargs)
+        loaded.append(next(model.parameters()).dtype)
+        return model
+
+    monkeypatch.setattr(loading, "load_model", recording_load)
+    assert search_main(search_args(tiny_kv_model, tmp_path / "bf16.json", "--dtype", "bfloat16")) == 0
+    assert loaded == [torch.bfloat16]
+    assert json.loads((tmp_path / "bf16.json").read_text())["provenance"]["search"]["dtype"] == "bfloat16"
+    assert search_main(search_args(tiny_kv_model, tmp_path / "auto.json", "--device", "cpu")) == 0
+    assert loaded[1:] == [torch.float32]
+    assert json.loads((tmp_path / "auto.json").read_text())["provenance"]["search"]["dtype"] == "float32"
+
+
+def test_search_on_benchmark_records_never_holds_out_a_calibration_record(tmp_path, capsys):
+    """The benchmark's own records (tests/data): best.json names the two halves, and they are disjoint."""
+    from conftest import tiny_model_dir
+
+    from lpes.search.run import SearchOptions, search
+    from lpes.validation import kv_data
+
+    real = Path(__file__).parent / "data" / "kv-retrieval-75_keys.first12.jsonl.gz"
+    options = SearchOptions(data=f"kv:file={real},gold=0+74", population=2, generations=0, holdout=100,
+                            scale_grid="1:2:1", chat_template=False)
+    spec = search(str(tiny_model_dir("llama", tmp_path)), tmp_path / "best.json", options, progress=False)
+    search_info = spec.provenance["search"]
+    calibration = search_info["calibration_data"]["records"]
+    held_out = search_info["held_out_data"]["records"]
+    assert calibration and held_out and not set(calibration) & set(held_out)
+    assert sorted(calibration + held_out) == list(range(12))
+    assert search_info["held_out_data"]["source"] == f"split of {real.name}"
+    assert search_info["calibration_examples"] == 2 * len(calibration)  # every record at each of 2 gold indices
+    assert spec.provenance["held_out"]["examples"] == 2 * len(held_out)
+    records = kv_data.read_jsonl(real)
+    assert {records[i].value for i in calibration}.isdisjoint(records[i].value for i in held_out)
+    cap = [line for line in capsys.readouterr().err.splitlines() if "--holdout" in line]
+    assert cap == ["lpes-search: --holdout 100: the held-out data holds 12 examples (6 per gold index x 2); "
+                   "using 12"]
