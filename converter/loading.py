@@ -36,6 +36,12 @@ def bundled_models() -> dict[str, Path]:
     return {p.name: p for p in sorted(BUNDLED_MODELS_DIR.iterdir()) if (p / "config.json").is_file()}
 
 
+def model_label(name: str) -> str:
+    """How published files name the model: a Hub id or bundled name as given, a local folder by its name only."""
+    path = Path(name).expanduser()
+    return name if name in bundled_models() or not path.exists() else path.resolve().name
+
+
 def resolve_model(name: str | os.PathLike) -> Path:
     """A checked local folder for `name`: a bundled short name, an existing folder, or a hub download."""
     name = str(name)

@@ -100,6 +100,10 @@ class Target:
     def check(self) -> None:
         """Raise LpesError for anything that would fail later; read no weights."""
 
+    def plan_note(self) -> str | None:
+        """After `check`: one line said before any work starts (what this run will not do here)."""
+        return None
+
     def write(self, folder: Path) -> Written:
         """Write the export into `folder` (created; empty unless it is the output folder itself)."""
         raise NotImplementedError

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lpes.converter.loading import DTYPES, load_config, model_fingerprint, resolve_model
+from lpes.converter.loading import DTYPES, load_config, model_fingerprint, model_label, resolve_model
 from lpes.converter.reference import check_layout
 from lpes.errors import LpesError
 from lpes.exporters.targets import ExportJob, Target, parse_targets
@@ -90,12 +90,12 @@ def plan(options: ConvertOptions) -> ConvertPlan:
     names = [cls.name for cls in target_classes]
     if options.push_to_hub and "hf" not in names:
         raise LpesError("--push-to-hub uploads the Hub folder; add hf to --to")
-    job = ExportJob(model_path, options.model, config, _with_provenance(spec, config, options.model),
+    job = ExportJob(model_path, model_label(options.model), config, _with_provenance(spec, config, options.model),
                     options.dtype, options.validate)
     targets = [cls(job, options.target_options.get(cls.name)) for cls in target_classes]
     for target in targets:
         target.check()
-    notes = [note for t in targets if (note := getattr(t, "plan_note", lambda: None)())]
+    notes = [note for t in targets if (note := t.plan_note())]
     return ConvertPlan(job, out, targets, options.force, options.push_to_hub, options.data,
                        options.max_validation_seconds, notes)
 
@@ -116,7 +116,7 @@ def _with_provenance(spec: Spec, config, model_name: str) -> Spec:
 
     provenance = dict(spec.provenance)
     provenance.setdefault("model", model_fingerprint(config))
-    provenance["base_model"] = model_name
+    provenance["base_model"] = model_label(model_name)
     provenance["lpes_version"] = lpes.__version__
     return Spec(spec.scales, spec.curve, provenance)
 

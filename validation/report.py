@@ -247,8 +247,9 @@ def validate(
     spec = spec if spec is not None else find_spec(out_dir)
     config = load_config(Path(model_path))
     spec = spec.for_layers(config.num_hidden_layers)
-    name = model_name or spec.provenance.get("base_model") or Path(model_path).name
-    name = Path(name).name if Path(str(name)).is_absolute() else str(name)  # no paths of this machine
+    from lpes.converter.loading import model_label
+
+    name = model_label(str(model_name or spec.provenance.get("base_model") or Path(model_path).name))
     rerun = f"lpes-validate {shown_dir or out_dir} --model {name}"
     exports = _found_exports(out_dir, variants)
     rope = checks.rope_check(config, spec, _positions_to_check(config, spec))
