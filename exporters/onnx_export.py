@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from lpes.converter.loading import DTYPES, load_config, load_model
+from lpes.converter.loading import DTYPES, check_dtype, load_config, load_model
 from lpes.converter.reference import apply, check_layout
 from lpes.errors import LpesError
 from lpes.exporters import onnx_io
@@ -84,8 +84,7 @@ def export_onnx(
 
 def check_exportable(config, spec: Spec | None = None, dtype: str = "float32") -> Spec | None:
     """Refuse, before loading any weight, what cannot be exported exactly; returns `spec` resolved for the model."""
-    if dtype not in DTYPES:
-        raise LpesError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    check_dtype(dtype)
     if spec is not None:
         spec = spec.for_layers(config.num_hidden_layers)
     check_layout(config)
@@ -118,10 +117,10 @@ def _example_inputs(shape: onnx_io.CacheShape, dtype: torch.dtype) -> tuple[torc
 
 def _dynamic_shapes(num_layers: int) -> dict:
     dim = torch.export.Dim
-    batch, seq, past = dim("batch"), dim("sequence_length"), dim("past_sequence_length")
+    batch, seq, past = dim(onnx_io.BATCH), dim(onnx_io.SEQUENCE), dim(onnx_io.PAST_SEQUENCE)
     # total = past + seq; torch.export cannot name a sum of two dims, so it is a dim of its own whose
     # minimum is the one implied by past >= 2 and seq >= 2 (ranges are not part of the ONNX graph).
-    total = dim("total_sequence_length", min=4)
+    total = dim(onnx_io.TOTAL_SEQUENCE, min=4)
     return {
         "input_ids": {0: batch, 1: seq},
         "attention_mask": {0: batch, 1: total},
@@ -171,11 +170,10 @@ def _name_scaled_inv_freq(graph_model, model, spec: Spec) -> dict[str, str | Non
     import numpy as np
 
     from lpes.converter.architectures import architecture_for
-    from lpes.converter.lpes_rope import LayerScaledRotary, resolve_attribute
+    from lpes.converter.lpes_rope import resolve_attribute, rope_attribute
 
     kwargs = architecture_for(model.config).patch_kwargs(model.config)
     rotary = resolve_attribute(model, kwargs["rotary_path"])
-    rotary = rotary.base if isinstance(rotary, LayerScaledRotary) else rotary
     layer_types = kwargs["layer_types"] or [None] * len(spec.scales)
     # Only small 1-D initializers can be frequencies: never touch the weights.
     arrays = {
@@ -185,8 +183,7 @@ def _name_scaled_inv_freq(graph_model, model, spec: Spec) -> dict[str, str | Non
     }
     found: dict[str, str | None] = {}
     for layer_type, scale in sorted({(t, s) for t, s in zip(layer_types, spec.scales) if s != 1.0}, key=str):
-        prefix = "" if layer_type is None else f"{layer_type}_"
-        expected = (getattr(rotary, f"{prefix}inv_freq") / scale).detach().float().cpu().numpy()
+        expected = (rope_attribute(rotary, "inv_freq", layer_type) / scale).detach().float().cpu().numpy()
         label = f"{layer_type}.scale_{scale!r}" if layer_type else f"scale_{scale!r}"
         key = label.removeprefix("scale_") if layer_type is None else label
         match = next((n for n, a in arrays.items() if a.shape == expected.shape and np.array_equal(a, expected)), None)
@@ -385,4 +382,14 @@ def read_metadata(onnx_dir: Path) -> dict:
     path = Path(onnx_dir) / METADATA_FILE
     if not path.is_file():
         raise LpesError(f"{onnx_dir} is not an lpes ONNX export (no {METADATA_FILE})")
-    return json.loads(path.read_text())
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise LpesError(f"{path} is not readable JSON ({type(err).__name__})") from None
+    for key in ("num_layers", "num_key_value_heads", "head_dim"):
+        value = data.get(key) if isinstance(data, dict) else None
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 1_000_000:
+            raise LpesError(f"{path}: '{key}' must be a positive integer; is this folder an lpes ONNX export?")
+    if data.get("dtype") not in ("float32", "float16", "bfloat16"):
+        raise LpesError(f"{path}: 'dtype' must be float32, float16 or bfloat16, got {data.get('dtype')!r}")
+    return data
