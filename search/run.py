@@ -120,7 +120,13 @@ def search(model: str, out: str | Path, options: SearchOptions = SearchOptions()
     from lpes.converter.loading import load_config, model_fingerprint, resolve_model
     from lpes.converter.reference import check_layout
     from lpes.outputs import check_output_file, check_outside_model
-    from lpes.validation.tasks import check_vocabulary, examples_for, split_provenance, task_config
+    from lpes.validation.tasks import (
+        check_vocabulary,
+        examples_for,
+        portable_description,
+        split_provenance,
+        task_config,
+    )
 
     grid, settings = check_options(options)
     out = check_output_file(out, force)  # not empty, not a folder, not there without --force (lpes/outputs.py)
@@ -169,7 +175,8 @@ def search(model: str, out: str | Path, options: SearchOptions = SearchOptions()
     provenance = {
         "model": model_fingerprint(config),
         "base_model": model,
-        "search": {**asdict(options), **_NO_LAYOUT, "dtype": dtype, "calibration_examples": len(examples),
+        "search": {**asdict(options), **_NO_LAYOUT, "data": portable_description(options.data), "dtype": dtype,
+                   "calibration_examples": len(examples),
                    "calibration_data": split_provenance(task, "search"),
                    "held_out_data": split_provenance(task, "validation", -(-len(holdout) // _gold_count(holdout))),
                    "fitness": state.parents[0].fitness, "evaluations": state.evaluations,

@@ -146,3 +146,11 @@ def test_check_vocabulary_names_the_first_unknown_word():
     tasks.check_vocabulary(tokenizer, ["p3_1 f2 q3", "a5"], "--data")  # the task's own words pass
     with pytest.raises(LpesError, match=r"^the prompt: the word 'capital' is not in the model's vocabulary"):
         tasks.check_vocabulary(tokenizer, ["p3_1 f2 q3", "p3_1 capital France"], "the prompt")
+
+
+def test_a_file_description_ending_in_jsonl_gz_is_a_description_and_published_without_its_path():
+    config = tasks.task_config(None, f"kv:file={REAL}")  # ends in .jsonl.gz, yet not a path of its own
+    assert (config.file, config.num_pairs) == (str(REAL), 75)
+    assert tasks.portable_description(f"kv:file={REAL},gold=0+74") == f"kv:file={REAL.name},gold=0+74"
+    assert tasks.portable_description(str(REAL)) == REAL.name
+    assert tasks.portable_description("tiny-kv:examples=8") == "tiny-kv:examples=8"

@@ -187,10 +187,21 @@ def split_provenance(config: TaskConfig, split: str, used: int | None = None) ->
             "records": half}
 
 
+def portable_description(data: str | None) -> str | None:
+    """`data` with each file named by its name alone, for files others read (no path of this machine)."""
+    if data is None:
+        return None
+    if not _is_description(data):
+        return Path(data).name
+    task, _, rest = data.partition(":")
+    items = [f"file={Path(item[5:]).name}" if item.strip().startswith("file=") else item for item in rest.split(",")]
+    return f"{task}:{','.join(items)}"
+
+
 def parse_description(data: str) -> tuple[str, dict[str, Any]]:
     """`kv:pairs=75,gold=0+74` -> ("kv", {"num_pairs": 75, "gold_indices": (0, 74)}); a path -> kv file."""
-    if ":" not in data or data.endswith((".jsonl", ".jsonl.gz")):
-        if not Path(data).is_file():
+    if not _is_description(data):
+        if not _names_a_file(data):
             raise LpesError(f"--data {data!r} is neither a description (TASK:field=value,...) nor a file")
         return "kv", _file_fields(data)
     task, _, rest = data.partition(":")
@@ -210,6 +221,20 @@ def parse_description(data: str) -> tuple[str, dict[str, Any]]:
     return task, overrides
 
 
+def _is_description(data: str) -> bool:
+    """TASK:... unless it names a file (kv:file=x.jsonl is a description; C:/x.jsonl or x.jsonl a file)."""
+    if _names_a_file(data) or ":" not in data:
+        return False
+    return data.partition(":")[0] in _DESCRIPTION_FIELDS or not data.endswith((".jsonl", ".jsonl.gz"))
+
+
+def _names_a_file(text: str) -> bool:
+    try:
+        return Path(text).is_file()
+    except (OSError, ValueError):  # a name too long for the file system, a NUL byte
+        return False
+
+
 def _hint(name: str, known: Sequence[str]) -> str:
     """' (did you mean 'pairs'?; known: ...)' for a misspelt name."""
     close = difflib.get_close_matches(name, list(known), n=1)
@@ -225,7 +250,7 @@ def _file_fields(path: str) -> dict[str, Any]:
 
 def _parse_value(name: str, value: str) -> Any:
     if name == "file":
-        if not Path(value).is_file():
+        if not _names_a_file(value):
             raise LpesError(f"--data: 'file' {value!r} not found")
         return value
     if name == "gold":
