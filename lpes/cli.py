@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from lpes.errors import LpesError
+from lpes.errors import ArgumentParser, LpesError
 
 EXAMPLES_CONVERT = """\
 examples:
@@ -124,7 +124,7 @@ def _interrupt(signum: int, frame: object) -> None:
 def _convert_parser() -> argparse.ArgumentParser:
     from lpes.exporters.targets import add_target_arguments, registry
 
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="lpes-convert",
         description="Bake an LPES spec into a model: Hub folder, ONNX, onnxruntime-genai, or TensorRT "
         "(experimental: never built here).",
@@ -175,7 +175,7 @@ def _convert(argv: list[str] | None) -> int:
 def _validate_parser() -> argparse.ArgumentParser:
     from lpes.converter.loading import DEFAULT_MODEL
 
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="lpes-validate",
         description="Key-value retrieval accuracy by gold position for the unscaled model, the LPES reference, "
         "and every export found in DIR (DIR/onnx, DIR/tensorrt). Writes validation.json/.md/.png into DIR.",
@@ -222,7 +222,7 @@ def _validate(argv: list[str] | None) -> int:
 
 
 def _generate_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="lpes-generate",
         description="Greedy generation with an lpes ONNX export in onnxruntime (KV cache, tokenizer from DIR).",
         epilog=EXAMPLES_GENERATE,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from lpes.errors import ArgumentParser
 from lpes.search.genome import MAX_GRID_VALUES
 from lpes.search.run import DTYPE_CHOICES, MAX_BATCH_SIZE, MAX_GENERATIONS, MAX_POPULATION, SearchOptions, search
 from lpes.spec import MAX_DEGREE
@@ -45,7 +46,7 @@ NAME_fitness.png.
 
 def build_parser() -> argparse.ArgumentParser:
     """lpes-search's flags (also used by the tests of every --help example)."""
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="lpes-search",
         description="Find the per-layer RoPE scale curve (LPES) for MODEL with a genetic search.",
         epilog=EPILOG,

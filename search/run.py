@@ -117,7 +117,7 @@ def resolve_dtype(options: SearchOptions) -> str:
 def search(model: str, out: str | Path, options: SearchOptions = SearchOptions(), force: bool = False,
            progress: bool = True) -> Spec:
     """Find the curve for `model`; write the spec to `out` and the plots next to it."""
-    from lpes.converter.loading import load_config, model_fingerprint, resolve_model
+    from lpes.converter.loading import load_config, model_fingerprint, model_label, resolve_model
     from lpes.converter.reference import check_layout
     from lpes.outputs import check_output_file, check_outside_model
     from lpes.validation.tasks import (
@@ -174,7 +174,7 @@ def search(model: str, out: str | Path, options: SearchOptions = SearchOptions()
         pool.close()
     provenance = {
         "model": model_fingerprint(config),
-        "base_model": model,
+        "base_model": model_label(str(model)),  # a local folder by its name: best.json is shared
         "search": {**asdict(options), **_NO_LAYOUT, "data": portable_description(options.data), "dtype": dtype,
                    "calibration_examples": len(examples),
                    "calibration_data": split_provenance(task, "search"),
