@@ -34,6 +34,11 @@ SHAPE = {  # TinyLlama-1.1B's shape
 }
 
 
+def lpes_scales(num_layers: int) -> list[float]:
+    """A curve-like spec: 4.0 at the first layer down to 1.0 at the last, all distinct (one constant per layer)."""
+    return [1.0 + 3.0 * (1 - h / (num_layers - 1)) ** 2 for h in range(num_layers)]
+
+
 def build(work: Path, dtype: str) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig
@@ -55,7 +60,7 @@ def export(work: Path, dtype: str) -> dict:
     from lpes.spec import Spec
 
     torch.set_num_threads(2)
-    scales = [1.0 + 3.0 * (1 - h / (SHAPE["num_hidden_layers"] - 1)) ** 2 for h in range(SHAPE["num_hidden_layers"])]
+    scales = lpes_scales(SHAPE["num_hidden_layers"])
     start = time.perf_counter()
     export_onnx(work / "model", Spec.from_scales(scales), work / "onnx", dtype=dtype)
     return {"export_seconds": round(time.perf_counter() - start, 1)}

@@ -18,6 +18,7 @@ import torch
 
 from lpes.converter.architectures import architecture_for
 from lpes.errors import LpesError
+from lpes.files import read_json_object
 
 BUNDLED_MODELS_DIR = Path(str(files("lpes") / "models"))  # package data of lpes, editable or wheel
 DEFAULT_MODEL = "lpes-tiny-kv"
@@ -27,6 +28,13 @@ SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 # Weights stored as Python pickles: unpickling can run arbitrary code, so lpes neither reads nor copies them.
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+
+
+def check_dtype(dtype: str) -> str:
+    """`dtype` if it names one of DTYPES, else LpesError listing them."""
+    if dtype not in DTYPES:
+        raise LpesError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    return dtype
 
 
 def bundled_models() -> dict[str, Path]:
@@ -150,12 +158,7 @@ def load_config(path: Path):
 
 def _refuse_custom_code(path: Path) -> None:
     """auto_map points transformers at Python files of the folder; lpes never imports them."""
-    try:
-        data = json.loads((path / "config.json").read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise LpesError(f"cannot read {path / 'config.json'}: {str(err).splitlines()[0]}") from None
-    if not isinstance(data, dict):
-        raise LpesError(f"{path / 'config.json'} is not a JSON object")
+    data = read_json_object(path / "config.json")
     if data.get("auto_map"):
         from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
@@ -173,8 +176,7 @@ def load_model(path: Path, dtype: str = "float32", for_export: bool = False, dev
     """
     from transformers import AutoModelForCausalLM
 
-    if dtype not in DTYPES:
-        raise LpesError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    check_dtype(dtype)
     config = load_config(path)
     kwargs = dict(architecture_for(config).export_load_kwargs) if for_export else {}
     if device_map is not None:

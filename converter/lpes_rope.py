@@ -25,7 +25,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["LayerScaledRotary", "apply_layer_scales", "resolve_attribute", "rope_cos_sin"]
+__all__ = [
+    "LayerScaledRotary", "apply_layer_scales", "resolve_attribute", "rope_attribute", "rope_cos_sin", "unwrapped_rotary"
+]
 
 
 def rope_cos_sin(
@@ -53,19 +55,31 @@ class LayerScaledRotary(nn.Module):
         # Filled by forward, read by the decoder layers' pre-hooks within the same model call.
         self.per_scale: dict[tuple[str | None, float], tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def _inv_freq_and_scaling(self, layer_type: str | None) -> tuple[torch.Tensor, float]:
-        prefix = "" if layer_type is None else f"{layer_type}_"
-        return getattr(self.base, f"{prefix}inv_freq"), getattr(self.base, f"{prefix}attention_scaling")
-
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor, *args, **kwargs):
         cos_sin = self.base(x, position_ids, *args, **kwargs)
         layer_type = args[0] if args else kwargs.get("layer_type")  # Gemma 3 passes one per call
-        inv_freq, attention_scaling = self._inv_freq_and_scaling(layer_type)
+        inv_freq = rope_attribute(self.base, "inv_freq", layer_type)
+        attention_scaling = rope_attribute(self.base, "attention_scaling", layer_type)
         for scale in self.scales_by_type.get(layer_type, []):
             self.per_scale[(layer_type, scale)] = rope_cos_sin(
                 inv_freq / scale, position_ids, attention_scaling, cos_sin[0].dtype, self.interleaved
             )
         return cos_sin
+
+
+def rope_attribute(rotary: nn.Module, name: str, layer_type: str | None = None):
+    """`rotary`'s `name` ("inv_freq", "attention_scaling") for `layer_type` (None: a single RoPE).
+
+    Models with one RoPE per layer type (Gemma 3) keep each as `{layer_type}_{name}`. A
+    `LayerScaledRotary` answers for the module it wraps: the model's own, unscaled values.
+    """
+    prefix = "" if layer_type is None else f"{layer_type}_"
+    return getattr(unwrapped_rotary(rotary), f"{prefix}{name}")
+
+
+def unwrapped_rotary(rotary: nn.Module) -> nn.Module:
+    """The model's own rotary module, whether or not lpes has wrapped it."""
+    return rotary.base if isinstance(rotary, LayerScaledRotary) else rotary
 
 
 def _layer_hook(rotary: LayerScaledRotary, layer_type: str | None, scale: float):
@@ -102,9 +116,7 @@ def apply_layer_scales(
         raise ValueError(f"{len(scales)} scales for {len(layers)} decoder layers")
     owner_path, _, attr = rotary_path.rpartition(".")
     owner = resolve_attribute(model, owner_path) if owner_path else model
-    base = getattr(owner, attr)
-    if isinstance(base, LayerScaledRotary):
-        base = base.base
+    base = unwrapped_rotary(getattr(owner, attr))
     types = layer_types or [None] * len(layers)
     scales_by_type: dict[str | None, list[float]] = {}
     for layer_type, scale in zip(types, scales):

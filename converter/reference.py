@@ -53,15 +53,15 @@ def _check_rope_layout(rotary: nn.Module, layer_types, interleaved: bool, model_
     """Fail loudly if lpes would compute cos/sin differently from the model itself."""
     for layer_type in sorted(set(layer_types or [None]), key=str):
         args = () if layer_type is None else (layer_type,)
-        prefix = "" if layer_type is None else f"{layer_type}_"
         # On inv_freq's device: a model on a GPU computes there, and CPU positions could not meet it.
-        device = getattr(rotary, f"{prefix}inv_freq").device
+        device = lpes_rope.rope_attribute(rotary, "inv_freq", layer_type).device
         positions = torch.arange(8, device=device)[None]
         probe = torch.zeros(1, dtype=torch.float32, device=device)
         with torch.no_grad():
             cos, _ = rotary(probe, positions, *args)
-            inv_freq = getattr(rotary, f"{prefix}inv_freq")  # after the call: dynamic variants update it there
-            scaling = getattr(rotary, f"{prefix}attention_scaling")
+            # Read after the call: dynamic variants update inv_freq there.
+            inv_freq = lpes_rope.rope_attribute(rotary, "inv_freq", layer_type)
+            scaling = lpes_rope.rope_attribute(rotary, "attention_scaling", layer_type)
             ours, _ = lpes_rope.rope_cos_sin(inv_freq, positions, scaling, cos.dtype, interleaved)
         if ours.shape != cos.shape or not torch.equal(ours, cos):
             raise LpesError(

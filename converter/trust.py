@@ -10,11 +10,11 @@ imports a line of it.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 from lpes.errors import LpesError
+from lpes.files import read_json_object
 
 MODELING = "modeling_lpes.py"
 ROPE = "lpes_rope.py"
@@ -85,15 +85,9 @@ def _auto_map_entries(folder: Path) -> list[tuple[str, str]]:
 
 
 def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise LpesError(f"{path} not found; is {path.parent} a Hub folder lpes-convert wrote?") from None
-    except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise LpesError(f"cannot read {path}: {str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
-    if not isinstance(data, dict):
-        raise LpesError(f"{path} is not a JSON object")
-    return data
+    if not path.exists():
+        raise LpesError(f"{path} not found; is {path.parent} a Hub folder lpes-convert wrote?")
+    return read_json_object(path)
 
 
 def _expected_modeling(folder: Path, config: dict, version: str) -> bytes | None:

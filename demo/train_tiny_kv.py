@@ -34,14 +34,20 @@ from transformers import (
 )
 
 from lpes.validation import tiny_kv
+from lpes.validation.tasks import TASK_DEFAULTS
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_LENGTH = 256
 MAX_TRAIN_PAIRS = 32
 ROPE_THETA = 10000.0
-# What search and validation use for this model by default: a length where the
-# unscaled model has lost the far facts but the near ones are still found.
-TASK_DEFAULTS = {"num_pairs": 16, "length": 1024, "gold_indices": [0, 4, 8, 12, 15]}
+# What search and validation use for this model by default (its lpes_task.json): the task's
+# built-in pairs and length (validation/tasks.py), where the unscaled model has lost the far
+# facts but the near ones are still found, scored at every fourth fact and the last.
+MODEL_TASK = {
+    "num_pairs": TASK_DEFAULTS[tiny_kv.TASK_NAME].num_pairs,
+    "length": TASK_DEFAULTS[tiny_kv.TASK_NAME].length,
+    "gold_indices": [0, 4, 8, 12, 15],
+}
 EVAL_LENGTHS = (256, 512, 1024)
 EVAL_SCALES = (1.0, 2.0, 4.0)
 
@@ -155,7 +161,7 @@ def save(model: LlamaForCausalLM, out: Path, args: argparse.Namespace) -> None:
         bos_token_id=ids[tiny_kv.BOS_TOKEN],
         pad_token_id=ids[tiny_kv.PAD_TOKEN],
     ).save_pretrained(out)
-    task = {"task": tiny_kv.TASK_NAME, **TASK_DEFAULTS}
+    task = {"task": tiny_kv.TASK_NAME, **MODEL_TASK}
     (out / "lpes_task.json").write_text(json.dumps(task) + "\n")
     (out / "README.md").write_text(readme(args))
 
@@ -189,9 +195,9 @@ def accuracy_by_gold(
     model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, length: int, per_index: int
 ) -> dict[int, float]:
     """Greedy accuracy of the last-position argmax, per gold index."""
-    gold_indices = TASK_DEFAULTS["gold_indices"]
+    gold_indices = MODEL_TASK["gold_indices"]
     # One seed per length so every scale is scored on the same examples.
-    examples = tiny_kv.make_examples(TASK_DEFAULTS["num_pairs"], length, gold_indices, per_index, seed=length)
+    examples = tiny_kv.make_examples(MODEL_TASK["num_pairs"], length, gold_indices, per_index, seed=length)
     correct = dict.fromkeys(gold_indices, 0)
     for start in range(0, len(examples), 50):
         chunk = examples[start : start + 50]
@@ -205,7 +211,7 @@ def accuracy_by_gold(
 def evaluate(folder: Path, per_index: int) -> str:
     """A markdown table: one row per (length, scale), accuracy by gold index and mean."""
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    gold_indices = TASK_DEFAULTS["gold_indices"]
+    gold_indices = MODEL_TASK["gold_indices"]
     header = "| length | s | " + " | ".join(f"gold {g}" for g in gold_indices) + " | mean |"
     lines = [header, "|" + "---|" * (len(gold_indices) + 3)]
     for scale in EVAL_SCALES:
@@ -230,7 +236,7 @@ def write_report(path: Path, table: str, args: argparse.Namespace, wall_s: float
     path.write_text(
         "# lpes-tiny-kv: training and RoPE position effect\n\n"
         f"Command: `{command}`\n\n{timing}"
-        f"Accuracy by gold index (0 = farthest fact from the query), {TASK_DEFAULTS['num_pairs']} pairs, "
+        f"Accuracy by gold index (0 = farthest fact from the query), {MODEL_TASK['num_pairs']} pairs, "
         f"{args.eval_examples} examples per gold index and cell; greedy argmax of the last-position "
         f"logits. Trained up to {TRAIN_LENGTH} positions; s is a uniform linear RoPE scale "
         '(rope_type "linear", factor s: every layer\'s inv_freq / s).\n\n'

@@ -20,6 +20,9 @@ import torch
 from torch import nn
 
 INPUT_IDS, ATTENTION_MASK, POSITION_IDS, LOGITS = "input_ids", "attention_mask", "position_ids", "logits"
+# The graph's dynamic dimensions, by the names the export gives them (TensorRT profiles read them back).
+BATCH, SEQUENCE, PAST_SEQUENCE = "batch", "sequence_length", "past_sequence_length"
+TOTAL_SEQUENCE = "total_sequence_length"  # past + sequence: the attention mask's length
 
 
 def input_names(num_layers: int) -> list[str]:

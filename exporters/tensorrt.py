@@ -27,7 +27,8 @@ import os
 import sys
 from pathlib import Path
 
-from lpes.errors import LpesError
+from lpes.converter.loading import DTYPES, check_dtype
+from lpes.errors import ArgumentParser, LpesError
 from lpes.exporters import tensorrt_build
 from lpes.exporters.onnx_export import MODEL_FILE, SPEC_FILE, read_metadata
 from lpes.exporters.tensorrt_build import build_plan, build_serialized_engine
@@ -45,7 +46,6 @@ from lpes.exporters.tensorrt_recipe import (
 )
 from lpes.files import write_bytes_atomic, write_text_atomic
 
-DTYPES = ("float32", "float16", "bfloat16")
 FORMAT = "lpes-tensorrt"
 VERSION = 1
 
@@ -70,8 +70,7 @@ def build_engine_or_explain(
     builder-flag precision (see `tensorrt_build`).
     """
     onnx_dir, out_dir = Path(onnx_dir), Path(out_dir)
-    if dtype not in DTYPES:
-        raise LpesError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    check_dtype(dtype)
     metadata = read_metadata(onnx_dir)
     check_tensorrt_support(onnx_dir / MODEL_FILE)
     profile = profile or default_profile(max_positions(onnx_dir), max_scale=max(metadata["scales"]))
@@ -176,25 +175,28 @@ def read_sidecar(engine_dir: Path) -> dict | None:
     return data
 
 
+PROG = "python -m lpes.exporters.tensorrt"
+
+
 def main(argv: list[str] | None = None) -> int:
     """python -m lpes.exporters.tensorrt ONNX_DIR OUT_DIR --dtype D [profile flags]: build on this machine."""
-    import argparse
+    from lpes.cli import run_command
 
+    return run_command(PROG, _build_here, argv)
+
+
+def _build_here(argv: list[str] | None) -> int:
     from lpes.exporters.tensorrt_profiles import add_profile_arguments, profile_from_args
 
-    parser = argparse.ArgumentParser(prog="python -m lpes.exporters.tensorrt", description=main.__doc__)
+    parser = ArgumentParser(prog=PROG, description=main.__doc__)
     parser.add_argument("onnx_dir", type=Path)
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--dtype", default="float32", choices=DTYPES)
     parser.add_argument("--timing-cache", type=Path, help=f"timing cache (default OUT_DIR/{TIMING_CACHE_FILE})")
     add_profile_arguments(parser)
     args = parser.parse_args(argv)
-    try:
-        profile = profile_from_args(args, max_positions(args.onnx_dir), max(read_metadata(args.onnx_dir)["scales"]))
-        note = build_engine_or_explain(args.onnx_dir, args.out_dir, args.dtype, profile, timing_cache=args.timing_cache)
-    except LpesError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    profile = profile_from_args(args, max_positions(args.onnx_dir), max(read_metadata(args.onnx_dir)["scales"]))
+    note = build_engine_or_explain(args.onnx_dir, args.out_dir, args.dtype, profile, timing_cache=args.timing_cache)
     if note:
         print(note, file=sys.stderr)
         return 2

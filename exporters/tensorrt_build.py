@@ -14,15 +14,18 @@
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass
 from pathlib import Path
 
+from lpes.devices import GpuInfo, gpu_info
 from lpes.errors import LpesError
 from lpes.files import write_bytes_atomic
 
+# GpuInfo and gpu_info live in lpes.devices (the one driver probe); named here for the build's callers.
+__all__ = ["MIN_TENSORRT", "BuildPlan", "GpuInfo", "build_plan", "build_serialized_engine", "gpu_info",
+           "missing_requirements", "tensorrt_major", "tensorrt_version"]
+
 MIN_TENSORRT = 10
-_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, _CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 75, 76
 
 
 @dataclass(frozen=True)
@@ -35,15 +38,6 @@ class BuildPlan:
     def to_json(self) -> dict:
         return {"strongly_typed": self.strongly_typed, "builder_flags_set": list(self.set_flags),
                 "builder_flags_cleared": list(self.clear_flags), "onnx_dtype": self.onnx_dtype}
-
-
-@dataclass(frozen=True)
-class GpuInfo:
-    name: str
-    compute_capability: str
-
-    def to_json(self) -> dict:
-        return {"name": self.name, "compute_capability": self.compute_capability}
 
 
 def tensorrt_major(version: str) -> int:
@@ -79,25 +73,6 @@ def tensorrt_version() -> str | None:
     except (ImportError, OSError):  # OSError: the package is there but its CUDA libraries are not
         return None
     return str(tensorrt.__version__)
-
-
-def gpu_info() -> GpuInfo | None:
-    """The first NVIDIA GPU as the CUDA driver sees it, or None when there is no driver or no GPU."""
-    try:
-        cuda = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return None
-    count, device = ctypes.c_int(0), ctypes.c_int(0)
-    if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value < 1:
-        return None
-    if cuda.cuDeviceGet(ctypes.byref(device), 0) != 0:
-        return None
-    name = ctypes.create_string_buffer(256)
-    major, minor = ctypes.c_int(0), ctypes.c_int(0)
-    cuda.cuDeviceGetName(name, len(name), device)
-    cuda.cuDeviceGetAttribute(ctypes.byref(major), _CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device)
-    cuda.cuDeviceGetAttribute(ctypes.byref(minor), _CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device)
-    return GpuInfo(name.value.decode(errors="replace"), f"{major.value}.{minor.value}")
 
 
 def missing_requirements() -> str | None:

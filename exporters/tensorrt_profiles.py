@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass
 
 from lpes.errors import LpesError
+from lpes.exporters import onnx_io
 
 DEFAULT_MAX_BATCH = 8  # the batch size of lpes-validate's key-value scoring
 # Kernels are tuned at the opt point; one profile serves prefill and decode, so opt sits in
@@ -40,10 +41,10 @@ DEFAULT_TOTAL_CAP = 32768
 _FIELDS = ("batch", "sequence", "past", "total")
 # Graph dimension names (as the ONNX exporter writes them) -> Profile field.
 DIMENSIONS = {
-    "batch": "batch",
-    "sequence_length": "sequence",
-    "past_sequence_length": "past",
-    "total_sequence_length": "total",
+    onnx_io.BATCH: "batch",
+    onnx_io.SEQUENCE: "sequence",
+    onnx_io.PAST_SEQUENCE: "past",
+    onnx_io.TOTAL_SEQUENCE: "total",
 }
 
 

@@ -93,7 +93,8 @@ USER_OS_ERRORS = {
 }
 
 
-def _run(prog: str, main: Callable[[list[str] | None], int], argv: list[str] | None) -> int:
+def run_command(prog: str, main: Callable[[list[str] | None], int], argv: list[str] | None) -> int:
+    """Run a command's `main(argv)` the way every lpes command ends: user errors as one line and exit 2."""
     on_main_thread = threading.current_thread() is threading.main_thread()
     # A plain SIGTERM would end the process with no cleanup; as an interrupt, staging folders are removed.
     previous = signal.signal(signal.SIGTERM, _interrupt) if on_main_thread else None
@@ -266,16 +267,16 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 
 
 def convert_main(argv: list[str] | None = None) -> int:
-    return _run("lpes-convert", _convert, argv)
+    return run_command("lpes-convert", _convert, argv)
 
 
 def validate_main(argv: list[str] | None = None) -> int:
-    return _run("lpes-validate", _validate, argv)
+    return run_command("lpes-validate", _validate, argv)
 
 
 def generate_main(argv: list[str] | None = None) -> int:
-    return _run("lpes-generate", _generate, argv)
+    return run_command("lpes-generate", _generate, argv)
 
 
 def search_main(argv: list[str] | None = None) -> int:
-    return _run("lpes-search", _search, argv)
+    return run_command("lpes-search", _search, argv)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lpes.converter.loading import DTYPES, load_config, model_fingerprint, model_label, resolve_model
+from lpes.converter.loading import check_dtype, load_config, model_fingerprint, model_label, resolve_model
 from lpes.converter.reference import check_layout
 from lpes.errors import LpesError
 from lpes.exporters.targets import ExportJob, Target, parse_targets
@@ -74,8 +74,7 @@ class ConvertResult:
 def plan(options: ConvertOptions) -> ConvertPlan:
     """Check every input; raise LpesError with one line for the first problem found."""
     target_classes = parse_targets(options.targets)
-    if options.dtype not in DTYPES:
-        raise LpesError(f"--dtype must be one of {', '.join(DTYPES)}, got {options.dtype!r}")
+    check_dtype(options.dtype)
     model_path = resolve_model(options.model)
     config = load_config(model_path)
     spec = load_spec(options.spec) if not isinstance(options.spec, Spec) else options.spec

@@ -6,10 +6,14 @@ then renamed into place, so a reader (or a run killed halfway) never sees a part
 user's umask like any other file they create (0644 under the usual 022), so the mode is
 set to 0666 & ~umask before the rename. Failures to write (a full disk, a read-only
 folder, a path that is a directory) are the user's to fix: LpesError, one line.
+
+`read_json_object` is the reading side for the JSON files lpes and users write (configs,
+sidecars): a file that is missing, unreadable, not JSON or not an object is LpesError, one line.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Callable
@@ -44,7 +48,7 @@ def save_atomic(path: str | os.PathLike, save: Callable[[Path], object]) -> Path
     tmp = Path(name)
     try:
         save(tmp)
-        _flush_to_disk(tmp)
+        fsync_path(tmp)  # without it a crash soon after the rename can leave an empty file under the final name
         os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, path)
     except OSError as err:
@@ -72,8 +76,20 @@ def current_umask() -> int:
     return mask
 
 
-def _flush_to_disk(path: Path) -> None:
-    # Without fsync a crash soon after the rename can leave an empty file under the final name.
+def read_json_object(path: str | os.PathLike) -> dict:
+    """The JSON object in `path`; LpesError (one line) when it cannot be read or is not an object."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise LpesError(f"cannot read {path}: {str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
+    if not isinstance(data, dict):
+        raise LpesError(f"{path} is not a JSON object")
+    return data
+
+
+def fsync_path(path: str | os.PathLike) -> None:
+    """Flush a file's data, or a folder's entries (its renames), to disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

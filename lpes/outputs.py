@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from lpes.errors import LpesError
+from lpes.files import fsync_path
 
 MARKER = ".lpes-output"
 MARKER_FORMAT = "lpes-output"
@@ -273,13 +274,10 @@ def _exchange(a: Path, b: Path) -> bool:
 
 def _fsync_dir(folder: Path) -> None:
     """Make the renames durable, so a power cut does not undo them."""
-    fd = os.open(folder, os.O_RDONLY)
     try:
-        os.fsync(fd)
+        fsync_path(folder)
     except OSError:  # some filesystems cannot fsync a directory; the rename is still atomic
         pass
-    finally:
-        os.close(fd)
 
 
 def _say(message: str) -> None:

@@ -100,9 +100,8 @@ def _rotary_module(config, rotary_path: str) -> torch.nn.Module:
 
 
 def _float64_rope(rotary, layer_type, scale: float, ids: torch.Tensor, interleaved: bool):
-    prefix = "" if layer_type is None else f"{layer_type}_"
-    inv_freq = getattr(rotary.base, f"{prefix}inv_freq").double() / scale
-    scaling = float(getattr(rotary.base, f"{prefix}attention_scaling"))
+    inv_freq = lpes_rope.rope_attribute(rotary, "inv_freq", layer_type).double() / scale
+    scaling = float(lpes_rope.rope_attribute(rotary, "attention_scaling", layer_type))
     angles = ids[..., None].double() * inv_freq
     emb = torch.repeat_interleave(angles, 2, dim=-1) if interleaved else torch.cat((angles, angles), dim=-1)
     # transformers forms the angles in float32: an error of a few ulps of the largest angle.

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lpes.devices import gpu_info
 from lpes.errors import LpesError
 from lpes.exporters import onnx_io
 from lpes.exporters.onnx_export import MODEL_FILE, read_metadata
@@ -28,21 +29,10 @@ def default_provider() -> str:
     """CUDA when onnxruntime-gpu is installed and sees a GPU, else CPU."""
     import onnxruntime as ort
 
-    if CUDA in ort.get_available_providers() and _gpu_present():
+    # onnxruntime-gpu lists CUDA even on a machine without a GPU; ask the driver.
+    if CUDA in ort.get_available_providers() and gpu_info() is not None:
         return CUDA
     return CPU
-
-
-def _gpu_present() -> bool:
-    # onnxruntime-gpu lists CUDA even on a machine without a GPU; ask the driver.
-    try:
-        import ctypes
-
-        cuda = ctypes.CDLL("libcuda.so.1")
-        count = ctypes.c_int(0)
-        return cuda.cuInit(0) == 0 and cuda.cuDeviceGetCount(ctypes.byref(count)) == 0 and count.value > 0
-    except OSError:
-        return False
 
 
 def check_dtype_supported(dtype: str, provider: str | None = None) -> None:
