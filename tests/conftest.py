@@ -2,9 +2,10 @@
 
 `tiny_model_dir(model_type, tmp_path)` builds a model small enough for a unit test
 (hidden 32-64, 2-3 layers, vocabulary 100), saves it with a word-level tokenizer,
-and returns the folder. Other test files import it:
+and returns the folder. `plain_greedy` is the independent greedy reference. Other test
+files import them:
 
-    from conftest import tiny_model_dir
+    from conftest import plain_greedy, tiny_model_dir
 
 Each call builds the same weights (fixed seed), so two folders of one type are
 interchangeable.
@@ -110,6 +111,20 @@ def _spread_weights(model: torch.nn.Module) -> None:
         for name, param in model.named_parameters():
             if param.dim() >= 2:
                 param.normal_(0.0, 0.3 if "embed" in name else 1.0 / param.shape[-1] ** 0.5)
+
+
+def plain_greedy(model: torch.nn.Module, ids: list[int], steps: int) -> list[int]:
+    """Greedy decoding the slow, obvious way: one unpadded full forward per token, no cache.
+
+    The independent reference for every greedy path under test (batched, left-padded, cached,
+    onnxruntime, genai): it shares no padding, position or cache code with them.
+    """
+    ids, new = list(ids), []
+    with torch.no_grad():
+        for _ in range(steps):
+            new.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+            ids.append(new[-1])
+    return new
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from conftest import tiny_model_dir
+from conftest import plain_greedy, tiny_model_dir
 from onnx import numpy_helper
 
 pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed (pip install 'lpes[genai]')")
@@ -61,12 +61,7 @@ def torch_greedy(model_dir: Path, spec: Spec | None, prompt: list[int], steps: i
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     if spec is not None:
         apply(model, spec)
-    ids = torch.tensor([prompt])
-    with torch.no_grad():
-        for _ in range(steps):
-            next_id = model(ids).logits[0, -1].argmax()
-            ids = torch.cat([ids, next_id.view(1, 1)], dim=1)
-    return ids[0, len(prompt) :].tolist()
+    return plain_greedy(model, prompt, steps)
 
 
 def genai_greedy(package: Path, prompt: list[int] = PROMPT, eos_token_id: int | None = None) -> list[int]:

@@ -219,9 +219,3 @@ def test_without_task_file_the_kv_benchmark_defaults_apply(tmp_path):
 def test_bad_descriptions_name_the_field(data, message):
     with pytest.raises(LpesError, match=message):
         tasks.load_examples(None, data)
-
-
-def test_bad_task_file_names_the_field(tmp_path):
-    (tmp_path / "lpes_task.json").write_text(json.dumps({"task": "tiny-kv", "gold_indice": [0]}))
-    with pytest.raises(LpesError, match="unknown field 'gold_indice'"):
-        tasks.load_examples(tmp_path, None)

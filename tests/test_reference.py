@@ -96,18 +96,46 @@ ROPE_VARIANTS = [
 ]
 
 
+def _record_layers(model) -> list[dict]:
+    """Per decoder layer, filled on each forward: the (cos, sin) it computed with and its output.
+
+    Forward hooks with kwargs see the kwargs as the pre-hooks left them, so this records
+    the position embeddings after LPES's swap, whatever the hook order.
+    """
+    seen = [{} for _ in model.model.layers]
+
+    def recorder(store):
+        def hook(module, args, kwargs, out):
+            store["cos_sin"] = kwargs["position_embeddings"]
+            store["output"] = out[0] if isinstance(out, tuple) else out
+
+        return hook
+
+    for layer, store in zip(model.model.layers, seen):
+        layer.register_forward_hook(recorder(store), with_kwargs=True)
+    return seen
+
+
 @pytest.mark.parametrize("variant", ROPE_VARIANTS, ids=lambda v: v["rope_type"])
 def test_scale_one_is_bit_exact_and_other_scales_change_only_their_layers(variant):
     model = tiny("llama", rope_parameters={"rope_theta": 10000.0, **variant})
     ids = torch.randint(0, 97, (2, 300), generator=torch.Generator().manual_seed(3))
-    outputs = {}
-    model.model.layers[2].register_forward_hook(lambda m, a, out: outputs.__setitem__("last", out))
+    seen = _record_layers(model)
     with torch.no_grad():
         base = model(ids).logits
+        base_layers = [dict(layer) for layer in seen]
         apply(model, Spec.from_scales([1.0, 1.0, 1.0]))
         assert torch.equal(model(ids).logits, base)
-        apply(model, Spec.from_scales([1.0, 1.0, 3.0]))
-        assert not torch.allclose(model(ids).logits, base, atol=1e-4)
+        apply(model, Spec.from_scales([1.0, 3.0, 1.0]))
+        scaled = model(ids).logits
+    assert not torch.allclose(scaled, base, atol=1e-4)
+    # Layers 0 and 2 keep the model's own cos/sin; layer 1 alone gets its scaled pair.
+    for h in (0, 2):
+        assert all(torch.equal(a, b) for a, b in zip(seen[h]["cos_sin"], base_layers[h]["cos_sin"]))
+    assert not torch.allclose(seen[1]["cos_sin"][0], base_layers[1]["cos_sin"][0], atol=1e-4)
+    # Layer 0 comes before the scaled layer: its output is unchanged, bit for bit; layer 1's is not.
+    assert torch.equal(seen[0]["output"], base_layers[0]["output"])
+    assert not torch.allclose(seen[1]["output"], base_layers[1]["output"], atol=1e-4)
 
 
 def test_variant_attention_scaling_is_kept_and_frequencies_divided():

@@ -6,7 +6,7 @@ import random
 
 import pytest
 import torch
-from conftest import EOS_ID, tiny_model_dir, tiny_tokenizer
+from conftest import EOS_ID, plain_greedy, tiny_model_dir, tiny_tokenizer
 from transformers import AutoModelForCausalLM
 
 from lpes.converter.loading import resolve_model
@@ -33,18 +33,6 @@ def model_and_tokenizer(tmp_path_factory):
     tokenizer = tiny_kv.build_tokenizer()
     folder = tiny_model_dir("llama", tmp_path_factory.mktemp("scoring"), vocab_size=len(tokenizer))
     return load_model(folder), tokenizer
-
-
-def plain_greedy(model, ids: list[int], steps: int) -> list[int]:
-    """Greedy decoding the slow, obvious way: one unpadded full forward per token, no cache."""
-    ids = list(ids)
-    new = []
-    with torch.no_grad():
-        for _ in range(steps):
-            token = int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
-            ids.append(token)
-            new.append(token)
-    return new
 
 
 def random_prompts(count: int, seed: int, lo: int = 5, hi: int = 40) -> list[str]:

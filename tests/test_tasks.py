@@ -132,10 +132,10 @@ def test_bad_descriptions_are_refused_in_one_line(data, message):
     assert "\n" not in str(err.value)
 
 
-def test_task_file_typo_gets_a_hint(tmp_path):
+def test_task_file_typo_is_named_with_a_hint(tmp_path):
     (tmp_path / "lpes_task.json").write_text(json.dumps({"task": "tiny-kv", "gold_indice": [0]}))
-    with pytest.raises(LpesError, match="did you mean 'gold_indices'"):
-        tasks.task_config(tmp_path, None)
+    with pytest.raises(LpesError, match=r"unknown field 'gold_indice' \(did you mean 'gold_indices'\?"):
+        tasks.load_examples(tmp_path, None)
 
 
 # ---- words the model cannot tokenize ----

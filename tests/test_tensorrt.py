@@ -11,6 +11,7 @@ here, saying why. One tiny llama export serves the whole file (about 20 s).
 from __future__ import annotations
 
 import argparse
+import enum
 import hashlib
 import json
 import re
@@ -24,6 +25,7 @@ import pytest
 import torch
 from conftest import EOS_ID, PAD_ID, tiny_model_dir
 
+from lpes import devices
 from lpes.errors import LpesError
 from lpes.spec import Spec
 
@@ -444,7 +446,7 @@ def test_an_old_tensorrt_and_a_missing_driver_are_named(monkeypatch):
     def no_driver(name):
         raise OSError(f"{name}: cannot open shared object file")
 
-    monkeypatch.setattr(tensorrt_build.ctypes, "CDLL", no_driver)
+    monkeypatch.setattr(devices.ctypes, "CDLL", no_driver)
     assert tensorrt_build.gpu_info() is None
     assert tensorrt_build.missing_requirements() == (
         "TensorRT >= 10 (found 8.6.1) and an NVIDIA GPU (the CUDA driver reports none)"
@@ -463,6 +465,14 @@ def test_the_runner_says_what_it_needs(tmp_path, monkeypatch):
         TrtCausalLM(tmp_path)
 
 
+def test_the_build_command_reports_a_user_error_in_one_line(tmp_path, capsys):
+    """python -m lpes.exporters.tensorrt ends as every lpes command does: one line, exit 2."""
+    assert trt_export.main([str(tmp_path / "not-an-export"), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("python -m lpes.exporters.tensorrt: error: ") and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
 # -- TensorRT versions -----------------------------------------------------------------------
 
 
@@ -478,6 +488,11 @@ def test_build_plans_by_tensorrt_version():
         plan("8.6.1", "float16")
 
 
+# TensorRT 10's NetworkDefinitionCreationFlag as NvInfer.h numbers it (kEXPLICIT_BATCH = 0, deprecated
+# and ignored; kSTRONGLY_TYPED = 1); create_network takes a bit mask of these (1 << flag).
+NETWORK_FLAGS_10 = enum.IntEnum("NetworkDefinitionCreationFlag", {"EXPLICIT_BATCH": 0, "STRONGLY_TYPED": 1})
+
+
 class _FakeTensorRT(types.ModuleType):
     """The part of the tensorrt module that the build calls, recording what it is asked."""
 
@@ -485,9 +500,6 @@ class _FakeTensorRT(types.ModuleType):
         super().__init__("tensorrt")
         self.__version__, self.calls = version, {"set": [], "cleared": [], "shapes": {}}
         fake = self
-
-        class Flags:
-            STRONGLY_TYPED = 3
 
         class Network:
             num_inputs = len(network_inputs)
@@ -569,7 +581,7 @@ class _FakeTensorRT(types.ModuleType):
 
         self.Logger = lambda level: None
         self.Logger.WARNING = 2
-        self.NetworkDefinitionCreationFlag = Flags
+        self.NetworkDefinitionCreationFlag = NETWORK_FLAGS_10
         self.BuilderFlag = types.SimpleNamespace(TF32="TF32", FP16="FP16", BF16="BF16")
         self.MemoryPoolType = types.SimpleNamespace(WORKSPACE="WORKSPACE")
         self.Builder, self.OnnxParser = Builder, Parser
@@ -577,7 +589,7 @@ class _FakeTensorRT(types.ModuleType):
 
 def test_a_build_writes_engine_sidecar_and_timing_cache(export, tmp_path, monkeypatch):
     inputs = json.loads((export[1] / "lpes_onnx.json").read_text())["inputs"]
-    fake = _FakeTensorRT("11.1.0", inputs)
+    fake = _FakeTensorRT("10.9.0", inputs)
     monkeypatch.setitem(sys.modules, "tensorrt", fake)
     monkeypatch.setattr(tensorrt_build, "gpu_info", lambda: tensorrt_build.GpuInfo("NVIDIA H200", "9.0"))
     out = tmp_path / "tensorrt"
@@ -585,11 +597,12 @@ def test_a_build_writes_engine_sidecar_and_timing_cache(export, tmp_path, monkey
     (out / "timing.cache").write_bytes(b"cache")
     assert trt_export.build_engine_or_explain(export[1], out, "float16") is None
     assert fake.calls["parsed"] == str(out / "model.float16.onnx")
-    assert fake.calls["network_flags"] == 1 << 3 and fake.calls["set"] == []  # strongly typed, no precision flag
+    # Bit 1 alone: a strongly typed network (and not bit 0, the deprecated explicit-batch flag); no precision flag.
+    assert fake.calls["network_flags"] == 0b10 and fake.calls["set"] == []
     assert fake.calls["cache_in"] == b"cache" and (out / "timing.cache").read_bytes() == b"cache+tuned"
     assert (out / "model.engine").read_bytes() == b"ENGINE"
     sidecar = json.loads((out / "model.engine.json").read_text())
-    assert sidecar["tensorrt"] == "11.1.0" and sidecar["gpu"] == {"name": "NVIDIA H200", "compute_capability": "9.0"}
+    assert sidecar["tensorrt"] == "10.9.0" and sidecar["gpu"] == {"name": "NVIDIA H200", "compute_capability": "9.0"}
     assert sidecar["inputs"] == inputs and sidecar["outputs"][0] == "logits"
     assert sidecar["spec"]["scales"] == list(SPEC.scales) and sidecar["dtype"] == "float16"
     assert sidecar["profile"] == default_profile(MAX_POSITIONS, max_scale=4.0).to_json()
