@@ -43,7 +43,8 @@ from lpes.converter.loading import DTYPES, check_dtype, load_config, load_model
 from lpes.converter.reference import apply, check_layout
 from lpes.errors import LpesError
 from lpes.exporters import onnx_io
-from lpes.spec import Spec, dump_spec, write_text_atomic
+from lpes.files import read_json_object, write_text_atomic
+from lpes.spec import Spec, dump_spec
 
 DEFAULT_OPSET = 18
 MODEL_FILE = "model.onnx"
@@ -382,14 +383,11 @@ def read_metadata(onnx_dir: Path) -> dict:
     path = Path(onnx_dir) / METADATA_FILE
     if not path.is_file():
         raise LpesError(f"{onnx_dir} is not an lpes ONNX export (no {METADATA_FILE})")
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise LpesError(f"{path} is not readable JSON ({type(err).__name__})") from None
+    data = read_json_object(path)
     for key in ("num_layers", "num_key_value_heads", "head_dim"):
-        value = data.get(key) if isinstance(data, dict) else None
+        value = data.get(key)
         if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 1_000_000:
             raise LpesError(f"{path}: '{key}' must be a positive integer; is this folder an lpes ONNX export?")
-    if data.get("dtype") not in ("float32", "float16", "bfloat16"):
-        raise LpesError(f"{path}: 'dtype' must be float32, float16 or bfloat16, got {data.get('dtype')!r}")
+    if data.get("dtype") not in DTYPES:
+        raise LpesError(f"{path}: 'dtype' must be one of {', '.join(DTYPES)}, got {data.get('dtype')!r}")
     return data
