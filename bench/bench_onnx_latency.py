@@ -17,13 +17,14 @@ graph (same weights, same RoPE), so the comparison is of one model.
 
 One run = prefill of `--prefill` tokens + `--decode` greedy decode steps through the KV
 cache (batch 1). Every round creates fresh sessions in a rotated order and alternates the
-runs, so load on this shared machine hits all graphs alike; the ratios are of the median
+runs (with `--one-session`, each session runs its runs back to back, alone in memory), so
+load on this shared machine hits all graphs alike; the ratios are of the median
 run times, the spread is the range of the per-round ratios. Both wall time and the
 thread's CPU time are reported (see `one_run`). `unscaled_again`, a second
 session of the unscaled graph, is the noise floor.
 
     .venv/bin/python bench/bench_onnx_latency.py [--shape 8x512|1b] [--rounds 6] [--runs 5] [--threads 1]
-        [--work DIR] [--reuse] [--optimum-venv .venv-compat]
+        [--work DIR] [--reuse] [--graphs lpes,optimum] [--one-session] [--optimum-venv .venv-compat]
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -45,6 +47,11 @@ from lpes.exporters.onnx_export import export_onnx
 from lpes.spec import Spec
 from lpes.validation.ort_runner import OrtCausalLM
 
+sys.path.insert(0, str(Path(__file__).parent))
+# bench_onnx_memory imports nothing heavy at the top (it measures peak memory), so it holds the shared pieces.
+from bench_onnx_memory import SHAPE as TINYLLAMA_SHAPE  # noqa: E402
+from bench_onnx_memory import lpes_scales  # noqa: E402
+
 SHAPES = {
     "8x512": {  # about 32 M parameters
         "vocab_size": 8000,
@@ -55,22 +62,9 @@ SHAPES = {
         "num_key_value_heads": 4,
         "max_position_embeddings": 2048,
     },
-    "1b": {  # TinyLlama-1.1B's shape (as bench_onnx_memory.py)
-        "vocab_size": 32000,
-        "hidden_size": 2048,
-        "intermediate_size": 5632,
-        "num_hidden_layers": 22,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 4,
-        "max_position_embeddings": 2048,
-    },
+    "1b": TINYLLAMA_SHAPE,
 }
 DEFAULT_OPTIMUM_VENVS = (Path(".venv-compat"), Path("/tmp/venv-optimum"))
-
-
-def lpes_scales(num_layers: int) -> list[float]:
-    """A curve-like spec (as bench_onnx_memory.py): 4.0 at the first layer down to 1.0 at the last, all distinct."""
-    return [1.0 + 3.0 * (1 - h / (num_layers - 1)) ** 2 for h in range(num_layers)]
 
 
 def build_model(folder: Path, shape: dict) -> int:
@@ -121,16 +115,18 @@ def export_optimum(venv: Path, model_dir: Path, out_dir: Path, shape: dict) -> d
             "command": " ".join(command[1:])}
 
 
-def logits_difference(a: OrtCausalLM, b: OrtCausalLM, prompt: list[int]) -> float:
-    """max |logit difference| of a prefill then one decode step, between two graphs."""
+def logits_difference(folders: list[Path], prompt: list[int], threads: int) -> float:
+    """max |logit difference| between two graphs over a prefill then one decode step (one session at a time)."""
     ids = np.array([prompt[:64]], dtype=np.int64)
     positions = np.arange(ids.shape[1], dtype=np.int64)[None]
     outs = []
-    for lm in (a, b):
+    for folder in folders:
+        lm = OrtCausalLM(folder, "cpu", threads=threads)
         logits, cache = lm.step(ids, np.ones_like(ids), positions, lm.empty_past(1))
         token = logits[:, -1].argmax(-1)[:, None]
         step, _ = lm.step(token, np.ones((1, ids.shape[1] + 1), np.int64), positions[:, -1:] + 1, cache)
         outs.append(np.concatenate([logits[0], step[0]]))
+        del lm, cache
     return float(np.abs(outs[0] - outs[1]).max())
 
 
@@ -168,6 +164,9 @@ def _node_counts(folder: Path) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         options = ort.SessionOptions()
         options.optimized_model_filepath = str(Path(tmp) / "optimized.onnx")
+        # Weights beside the graph: a 1 B model's do not fit in one protobuf.
+        options.add_session_config_entry("session.optimized_model_external_initializers_file_name", "optimized.data")
+        options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
         options.log_severity_level = 3
         ort.InferenceSession(str(folder / onnx_export.MODEL_FILE), options, providers=["CPUExecutionProvider"])
         optimized = onnx.load(options.optimized_model_filepath, load_external_data=False).graph.node
@@ -208,6 +207,10 @@ def main() -> None:
     parser.add_argument("--decode", type=int, default=32)
     parser.add_argument("--work", type=Path, default=None, help="keep the model and exports here")
     parser.add_argument("--reuse", action="store_true", help="reuse the exports already in --work")
+    parser.add_argument("--graphs", default=None,
+                        help="time only these (comma-separated: lpes,unscaled,optimum,unscaled_again; default all)")
+    parser.add_argument("--one-session", action="store_true",
+                        help="one session in memory at a time, its runs back to back (for --shape 1b: 4.4 GB each)")
     venvs = " or ".join(map(str, DEFAULT_OPTIMUM_VENVS))
     parser.add_argument("--optimum-venv", type=Path, default=None, help=f"venv with optimum-onnx (default: {venvs})")
     args = parser.parse_args()
@@ -220,25 +223,38 @@ def main() -> None:
     folders["unscaled_again"] = folders["unscaled"]
     prompt = np.random.default_rng(0).integers(4, shape["vocab_size"], args.prefill).tolist()
     if "optimum" in folders:
-        pair = [OrtCausalLM(folders[n], "cpu", threads=args.threads) for n in ("unscaled", "optimum")]
-        info["optimum_vs_unscaled_max_logit_difference"] = logits_difference(*pair, prompt)
-        del pair
+        pair = [folders["unscaled"], folders["optimum"]]
+        info["optimum_vs_unscaled_max_logit_difference"] = logits_difference(pair, prompt, args.threads)
+    if args.graphs:
+        folders = {name: folders[name] for name in args.graphs.split(",") if name in folders}
 
     times: dict[str, list[list[tuple[float, ...]]]] = {name: [] for name in folders}
     for round_ in range(args.rounds):
         # Which session is created first changes its speed by a few percent (memory placement), as
         # the unscaled_again control shows: rotate creation and run order every round.
         names = _rotate(list(folders), round_)
+        for name in names:
+            times[name].append([])
+        if args.one_session:
+            for name in names:
+                _time_alone(folders[name], prompt, args, times[name][-1])
+            continue
         runners = {name: OrtCausalLM(folders[name], "cpu", threads=args.threads) for name in names}
         for lm in runners.values():  # warm-up: the first runs allocate arenas
             one_run(lm, prompt, args.decode)
-        for name in names:
-            times[name].append([])
         for i in range(args.runs):
             for name in _rotate(names, i):
                 times[name][-1].append(one_run(runners[name], prompt, args.decode))
         del runners
     print(json.dumps(summarise(args, shape, work, info, folders, times), indent=2))
+
+
+def _time_alone(folder: Path, prompt: list[int], args, into: list) -> None:
+    """--one-session: this graph's session alone in memory, its runs back to back."""
+    lm = OrtCausalLM(folder, "cpu", threads=args.threads)
+    one_run(lm, prompt, args.decode)  # warm-up
+    into.extend(one_run(lm, prompt, args.decode) for _ in range(args.runs))
+    del lm
 
 
 def summarise(args, shape: dict, work: Path, info: dict, folders: dict, times: dict) -> dict:
@@ -258,9 +274,8 @@ def summarise(args, shape: dict, work: Path, info: dict, folders: dict, times: d
         return {"median": round(median(name, part) / median(base, part), 4),
                 "per_round_min": round(min(per_round), 4), "per_round_max": round(max(per_round), 4)}
 
-    pairs = [("lpes", "unscaled"), ("unscaled_again", "unscaled")]
-    if "optimum" in folders:
-        pairs += [("lpes", "optimum"), ("unscaled", "optimum")]
+    pairs = [("lpes", "unscaled"), ("unscaled_again", "unscaled"), ("lpes", "optimum"), ("unscaled", "optimum")]
+    pairs = [(a, b) for a, b in pairs if a in folders and b in folders]
     return {
         "shape": args.shape,
         "params": _count_params(work / "model"),
