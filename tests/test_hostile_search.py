@@ -1,9 +1,9 @@
 """Mistaken inputs to lpes-search and lpes-generate: one line on stderr, exit 2, no traceback, nothing written.
 
-Each row runs the installed CLI (.venv/bin/lpes-search, .venv/bin/lpes-generate) in a
-subprocess, four at a time (each spends seconds importing torch). Every refusal must come
-before any heavy work: the rows that used to hang (a 1e-9 grid step, 10**12 examples) have
-a timeout far below what loading and scoring would take.
+Each row runs the command's entry point (lpes.cli.search_main, generate_main) in this
+process, with stderr captured (tests/test_hostile_cli.py runs the installed commands in
+subprocesses). Every refusal must come before any heavy work: the rows that used to hang
+(a 1e-9 grid step, 10**12 examples) have a timeout far below what loading and scoring take.
 
 Each row says what it guards: "new" rows failed on main before issue 17 (commit 96aa84e: a
 traceback, a hang, a run that went on, a misleading message or one without the hint);
@@ -12,11 +12,14 @@ traceback, a hang, a run that went on, a misleading message or one without the h
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
+import signal
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,16 +102,49 @@ ROWS = [
 ]
 
 
-def run_row(row: Row, root: Path, onnx: Path) -> tuple[subprocess.CompletedProcess, Path]:
+@dataclass(frozen=True)
+class Outcome:
+    returncode: int
+    stderr: str
+
+
+def run_row(row: Row, root: Path, onnx: Path) -> tuple[Outcome, Path]:
+    """The command's own entry point, in this process (a fresh torch import per row costs seconds).
+
+    Anything but the one-line refusal escapes as an exception, whose traceback lands in stderr;
+    an alarm stands in for the timeout of a row that would start real work.
+    """
+    from lpes import cli
+
     work = root / row.id
     work.mkdir()
     out = work / "best.json"
     if row.checkpoint is not None:
         (work / "best.json.state.json").write_text(row.checkpoint)
-    argv = [str(BIN / row.argv[0]), *(a.format(out=out, onnx=onnx) for a in row.argv[1:])]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}
-    done = subprocess.run(argv, cwd=work, capture_output=True, text=True, env=env, timeout=TIMEOUT_S)
-    return done, work
+    main = {"lpes-search": cli.search_main, "lpes-generate": cli.generate_main}[row.argv[0]]
+    argv = [a.format(out=out, onnx=onnx) for a in row.argv[1:]]
+    stderr, cwd = io.StringIO(), os.getcwd()
+
+    def too_slow(signum, frame):
+        raise TimeoutError(f"{row.id} ran for {TIMEOUT_S} s: it started real work")
+
+    previous = signal.signal(signal.SIGALRM, too_slow)
+    signal.alarm(TIMEOUT_S)
+    try:
+        os.chdir(work)
+        with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+            try:
+                code = main(argv)
+            except SystemExit as exit_:
+                code = exit_.code
+            except BaseException:  # a traceback where one line was promised
+                traceback.print_exc(file=stderr)
+                code = None
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+        os.chdir(cwd)
+    return Outcome(code, stderr.getvalue()), work
 
 
 @pytest.fixture(scope="module")
@@ -126,10 +162,7 @@ def generate_folder(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory, generate_folder):
     root = tmp_path_factory.mktemp("hostile-search")
-    rows = [row for row in ROWS if not row.skip_if]
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        futures = {row.id: pool.submit(run_row, row, root, generate_folder) for row in rows}
-    return {rid: future.result() for rid, future in futures.items()}
+    return {row.id: run_row(row, root, generate_folder) for row in ROWS if not row.skip_if}
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
