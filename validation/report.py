@@ -252,9 +252,10 @@ def validate(
     name = model_label(str(model_name or spec.provenance.get("base_model") or Path(model_path).name))
     rerun = f"lpes-validate {shown_dir or out_dir} --model {name}"
     exports = _found_exports(out_dir, variants)
-    rope = checks.rope_check(config, spec, _positions_to_check(config, spec))
     kv_plan = _plan_kv(model_path, config, examples, data, chat_template, reference_dtype, device,
                        2 + len(exports) + _has_uniform(spec), max_seconds)
+    longest = max(kv_plan.prompt_tokens, default=0) + 64  # the prompts plus the answers' tokens
+    rope = checks.rope_check(config, spec, max(_positions_to_check(config, spec), longest))
     results: list[VariantResult] = []
     if kv_plan.skipped is None:
         results = _score_all(model_path, spec, kv_plan, exports, reference_dtype, device, batch_size,
