@@ -7,6 +7,7 @@ interprets (``|`` is still read, but must be quoted):
 
     tiny-kv:examples=8                                  the bundled tiny model's task (tiny_kv)
     tiny-kv:pairs=16,length=1024,gold=0+8+15            ... with its fields
+    tiny-induction:examples=40                          the second bundled model's task (tiny_induction)
     kv:pairs=75,examples=25,gold=0+24+49+74,seed=0      UUID key-value retrieval, generated (kv_data)
     kv:file=kv-retrieval-75_keys.jsonl.gz,gold=0+74     the benchmark's own records
     path/to/records.jsonl[.gz]                          same as kv:file=...
@@ -29,6 +30,7 @@ the examples it was searched on:
 from __future__ import annotations
 
 import difflib
+import importlib
 import json
 import re
 import sys
@@ -48,7 +50,7 @@ SPLIT_NAMES = {"search": "calibration", "validation": "held-out"}
 # Sane bounds, checked before anything is built: beyond them a typo would allocate for hours.
 MAX_PAIRS = 10_000  # kv: about 800 KB of prompt, 500k+ tokens (the paper stops at 300)
 MAX_EXAMPLES_PER_INDEX = 100_000
-MAX_LENGTH = 1 << 20  # tiny-kv positions per prompt
+MAX_LENGTH = 1 << 20  # positions per prompt of a bundled model's task
 MAX_PROMPT_BYTES = 1 << 30  # all prompts together, estimated from the description
 _KV_BYTES_PER_PAIR = 82  # '"<uuid>": "<uuid>",\n ' as kv_data formats it
 _TINY_BYTES_PER_POSITION = 5  # 'f12 ', 'p40_1 ' ...
@@ -64,7 +66,7 @@ class TaskConfig:
     gold_indices: tuple[int, ...] | None = None  # None: kv_data.default_gold_indices(num_pairs)
     examples_per_index: int | None = 25  # None (a file only): every record of its split
     seed: int = 0
-    length: int | None = None  # tiny-kv only: positions per prompt
+    length: int | None = None  # bundled models' tasks (BUNDLED_TASKS) only: positions per prompt
     file: str | None = None  # kv only: the benchmark's JSONL records instead of generated ones
 
     def resolved_gold_indices(self) -> tuple[int, ...]:
@@ -76,7 +78,11 @@ class TaskConfig:
 TASK_DEFAULTS = {
     "kv": TaskConfig(),
     "tiny-kv": TaskConfig(task="tiny-kv", num_pairs=16, examples_per_index=20, length=1024),
+    "tiny-induction": TaskConfig(task="tiny-induction", num_pairs=16, examples_per_index=20, length=512),
 }
+# The bundled models' compact word-level tasks -> their module in lpes.validation; each has
+# make_examples(num_pairs, length, gold_indices, examples_per_index, seed), NUM_KEYS, min_length(num_pairs).
+BUNDLED_TASKS = {"tiny-kv": "tiny_kv", "tiny-induction": "tiny_induction"}
 # Description field -> TaskConfig field, per task.
 _COMMON_FIELDS = {
     "pairs": "num_pairs", "examples": "examples_per_index", "gold": "gold_indices", "seed": "seed"
@@ -84,6 +90,7 @@ _COMMON_FIELDS = {
 _DESCRIPTION_FIELDS = {
     "kv": {**_COMMON_FIELDS, "file": "file"},
     "tiny-kv": {**_COMMON_FIELDS, "length": "length"},
+    "tiny-induction": {**_COMMON_FIELDS, "length": "length"},
 }
 # lpes_task.json keys -> TaskConfig fields ("task" selects the task).
 _TASK_FILE_FIELDS = ("num_pairs", "gold_indices", "examples_per_index", "seed", "length", "file")
@@ -134,15 +141,13 @@ def examples_for(
         raise LpesError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
     seed = 2 * config.seed + SPLITS.index(split)
     gold = list(config.resolved_gold_indices())
-    if config.task == "tiny-kv":
-        from lpes.validation import tiny_kv
-
+    if config.task in BUNDLED_TASKS:
         try:
-            return tiny_kv.make_examples(
+            return _bundled_task(config.task).make_examples(
                 config.num_pairs, config.length, gold, config.examples_per_index, seed
             )
-        except ValueError as err:  # tiny_kv's own limits (at most 64 keys)
-            raise LpesError(f"tiny-kv data: {err}") from None
+        except ValueError as err:  # the task's own limits (at most 64 keys)
+            raise LpesError(f"{config.task} data: {err}") from None
     if config.file is not None:
         records = file_records(config, split)
     else:
@@ -319,20 +324,24 @@ def _check(config: TaskConfig, where: str = "--data") -> None:
     if len(set(gold)) != len(gold):
         twice = next(i for i in gold if gold.count(i) > 1)
         raise LpesError(f"{where}: 'gold_indices' (gold) lists {twice} twice")
-    if config.task == "tiny-kv":
-        if config.length is None or config.length < config.num_pairs + 2:
-            least = config.num_pairs + 2
-            raise LpesError(f"{where}: 'length' must be at least pairs + 2 = {least}, got {config.length}")
-        _check_range(where, "length", "length", config.length, config.num_pairs + 2, MAX_LENGTH)
+    if config.task in BUNDLED_TASKS:
+        least = _bundled_task(config.task).min_length(config.num_pairs)
+        if config.length is None or config.length < least:
+            raise LpesError(f"{where}: 'length' must be at least {least} for {config.num_pairs} pairs, "
+                            f"got {config.length}")
+        _check_range(where, "length", "length", config.length, least, MAX_LENGTH)
     _check_total_size(config, len(gold), where)
 
 
 def _max_pairs(task: str) -> int:
-    if task == "tiny-kv":
-        from lpes.validation.tiny_kv import NUM_KEYS
-
-        return NUM_KEYS  # the bundled model's vocabulary has 64 keys
+    if task in BUNDLED_TASKS:
+        return _bundled_task(task).NUM_KEYS  # a bundled model's vocabulary has 64 keys
     return MAX_PAIRS
+
+
+def _bundled_task(task: str):
+    """The module of a bundled model's task, imported only when that task is used."""
+    return importlib.import_module(f"lpes.validation.{BUNDLED_TASKS[task]}")
 
 
 def _check_range(where: str, name: str, short: str, value: int, low: int, high: int) -> None:
@@ -345,7 +354,7 @@ def _check_total_size(config: TaskConfig, num_gold: int, where: str) -> None:
     """Refuse a description whose prompts would not fit in memory (a file is as large as it is)."""
     if config.file is not None:
         return
-    if config.task == "tiny-kv":
+    if config.task in BUNDLED_TASKS:
         per_prompt = _TINY_BYTES_PER_POSITION * config.length
     else:
         per_prompt = _KV_BYTES_PER_PAIR * config.num_pairs

@@ -42,6 +42,11 @@ TASK_NAME = "tiny-kv"
 _EXTRA_POSITIONS = 2
 
 
+def min_length(num_pairs: int) -> int:
+    """The fewest positions a prompt with `num_pairs` facts takes: <bos>, one token per fact, the query."""
+    return num_pairs + _EXTRA_POSITIONS
+
+
 def pair_token(key: int, value: int) -> str:
     return f"p{key}_{value}"
 
@@ -74,25 +79,33 @@ def token_ids() -> dict[str, int]:
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
-    """A word-level tokenizer over `vocabulary()` that prepends ``<bos>``.
+    """A word-level tokenizer over `vocabulary()` that prepends ``<bos>``."""
+    return word_level_tokenizer(token_ids(), BOS_TOKEN, PAD_TOKEN)
+
+
+def word_level_tokenizer(
+    vocab: dict[str, int], bos_token: str, pad_token: str, eos_token: str | None = None
+) -> PreTrainedTokenizerFast:
+    """A whitespace word-level tokenizer over `vocab` that prepends `bos_token` (the bundled models' kind).
 
     There is no unknown token on purpose: a word outside the vocabulary is an
     error, not a silent substitute.
     """
-    vocab = token_ids()
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.post_processor = processors.TemplateProcessing(
-        single=f"{BOS_TOKEN} $A", special_tokens=[(BOS_TOKEN, vocab[BOS_TOKEN])]
+        single=f"{bos_token} $A", special_tokens=[(bos_token, vocab[bos_token])]
     )
     # The WordPiece decoder joins tokens with spaces; no token starts with "##".
     tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    specials = {"eos_token": eos_token} if eos_token is not None else {}
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
-        bos_token=BOS_TOKEN,
-        pad_token=PAD_TOKEN,
+        bos_token=bos_token,
+        pad_token=pad_token,
         # Left padding keeps every prompt's last token at the last position.
         padding_side="left",
+        **specials,
     )
 
 
