@@ -36,23 +36,26 @@ test: install lint
 	$(BIN)/python -m pytest -q
 
 demo: install
-	$(BIN)/lpes-search lpes-tiny-kv --out $(DEMO)/best.json --data tiny-kv:examples=8 --population 12 --generations 8 --force
-	$(BIN)/lpes-convert lpes-tiny-kv --curve $(DEMO)/best.json --to hf,onnx --out $(DEMO)/lpes-tiny-kv-lpes --force
+	$(BIN)/lpes-search lpes-tiny-induction --out $(DEMO)/best.json --data tiny-induction:examples=20 --scale-grid 0.5:4:0.25 --population 12 --generations 8 --force
+	$(BIN)/lpes-convert lpes-tiny-induction --curve $(DEMO)/best.json --to hf,onnx --out $(DEMO)/lpes-tiny-induction-lpes --data tiny-induction:examples=40 --force
 	@echo
 	@echo "What you just saw: lpes-search scored RoPE scale curves for the bundled 4-layer model"
-	@echo "(trained on contexts of at most 256 positions) on 40 prompts of 1024 positions, each"
-	@echo "hiding 16 facts, and kept the best ($(DEMO)/best.json). lpes-convert baked that curve into"
-	@echo "a Hub folder and an ONNX export, then scored 100 held-out prompts: the table above gives"
-	@echo "accuracy by the position of the needed fact (0 = farthest from the query) for the"
-	@echo "unscaled model, the best single scale for every layer, and the LPES curve in PyTorch,"
-	@echo "in the Hub folder and in onnxruntime; each export must answer as the PyTorch reference."
+	@echo "lpes-tiny-induction (trained on contexts of at most 256 positions) on 100 prompts of 512"
+	@echo "positions, each hiding 16 facts written 'key, decoy key, value', and kept the best"
+	@echo "($(DEMO)/best.json). Answering needs an exact offset (the key two places before each value)"
+	@echo "and a long-range lookup; one scale for every layer cannot serve both, a per-layer curve can."
+	@echo "lpes-convert baked the curve into a Hub folder and an ONNX export and scored 200 held-out"
+	@echo "prompts: the table gives accuracy by the position of the needed fact (0 = farthest from the"
+	@echo "query) for the unscaled model, the best single scale, and the LPES curve in PyTorch, in the"
+	@echo "Hub folder and in onnxruntime; each export must answer as the PyTorch reference."
 	@echo
 	@echo "Where to look:"
-	@echo "  $(DEMO)/best_curve.png, $(DEMO)/best_fitness.png     the curve, and the search by generation"
-	@echo "  $(DEMO)/lpes-tiny-kv-lpes/README.md                   the model card (task, lengths, finding)"
-	@echo "  $(DEMO)/lpes-tiny-kv-lpes/validation.png              accuracy by position, one line per variant"
-	@echo "  $(DEMO)/lpes-tiny-kv-lpes/validation.json             every prompt's answer per variant"
-	@echo "  $(BIN)/lpes-generate $(DEMO)/lpes-tiny-kv-lpes \"p3_1 f2 q3\" --max-new-tokens 1   (prints a1)"
+	@echo "  $(DEMO)/best_curve.png, $(DEMO)/best_fitness.png          the curve, and the search by generation"
+	@echo "  $(DEMO)/lpes-tiny-induction-lpes/README.md                 the model card (task, lengths, finding)"
+	@echo "  $(DEMO)/lpes-tiny-induction-lpes/validation.png            accuracy by position, one line per variant"
+	@echo "  $(DEMO)/lpes-tiny-induction-lpes/validation.json           every prompt's answer per variant"
+	@echo "  $(BIN)/lpes-generate $(DEMO)/lpes-tiny-induction-lpes \"f3 k12 k33 v5 f30 k7 k9 v2 f1 q12\" --max-new-tokens 3   (prints v5)"
+	@echo "The first bundled model, lpes-tiny-kv (retrieval only), is in README: there a uniform scale suffices."
 
 # optimum-onnx 0.1.0 needs transformers < 4.58: its own venv, torch first (CPU build where there is no GPU).
 COMPAT     := .venv-compat

@@ -67,7 +67,7 @@ one and validation reading the other, so validation never reuses a calibration e
 """
 
 EXAMPLES_GENERATE = """\
-example, on the folder that make demo writes:
+example, on a conversion of lpes-tiny-kv (README's first commands write it):
   lpes-generate demo-out/lpes-tiny-kv-lpes "p3_1 f2 q3" --max-new-tokens 1
 
 DIR's tokenizer must know every word of the prompt. The bundled model's words
