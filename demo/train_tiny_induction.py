@@ -21,13 +21,13 @@ layer 1 attends from each query to the value it asks for. AdamW, lr 2e-3.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import shlex
 import sys
 import time
 from pathlib import Path
 
+import tiny_training  # demo/tiny_training.py, beside this script
 import torch
 from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
@@ -227,21 +227,16 @@ def _accuracy(logits: torch.Tensor, targets: torch.Tensor) -> float:
 
 
 def save(model: LlamaForCausalLM, out: Path, args: argparse.Namespace) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    model.to(torch.float32).save_pretrained(out)
-    # safetensors writes 0600; the folder is shipped as package data, so make it readable.
-    (out / "model.safetensors").chmod(0o644)
-    task.build_tokenizer().save_pretrained(out)
     ids = task.token_ids()
-    GenerationConfig(
+    generation = GenerationConfig(
         do_sample=False,
         max_new_tokens=2,  # the answer, then <eos>
         bos_token_id=ids[task.BOS_TOKEN],
         pad_token_id=ids[task.PAD_TOKEN],
         eos_token_id=ids[task.EOS_TOKEN],
-    ).save_pretrained(out)
-    (out / "lpes_task.json").write_text(json.dumps({"task": task.TASK_NAME, **TASK_DEFAULTS}) + "\n")
-    (out / "README.md").write_text(readme(args))
+    )
+    tiny_training.save_model_folder(model, out, task.build_tokenizer(), generation,
+                                    {"task": task.TASK_NAME, **TASK_DEFAULTS}, readme(args))
 
 
 def readme(args: argparse.Namespace) -> str:
@@ -302,21 +297,7 @@ def write_report(path: Path, table: str, args: argparse.Namespace, wall_s: float
 
 
 def main() -> None:
-    args = parse_args()
-    torch.set_num_threads(args.threads)
-    out = args.out if args.out.is_absolute() else ROOT / args.out
-    wall_s = None
-    if not args.eval_only:
-        start = time.time()
-        model = train(args)
-        wall_s = time.time() - start
-        save(model, out, args)
-        size_mb = (out / "model.safetensors").stat().st_size / 2**20
-        print(f"saved {out} (model.safetensors {size_mb:.1f} MiB)", flush=True)
-        if size_mb > 20:
-            raise SystemExit("model.safetensors is over the 20 MB budget")
-    table = evaluate(out, args.eval_examples)
-    write_report(args.report, table, args, wall_s)
+    tiny_training.run(parse_args(), train, save, evaluate, write_report)
 
 
 if __name__ == "__main__":

@@ -16,13 +16,13 @@ same weights (every layer's inv_freq divided by s).
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import shlex
 import sys
 import time
 from pathlib import Path
 
+import tiny_training  # demo/tiny_training.py, beside this script
 import torch
 from transformers import (
     AutoConfig,
@@ -149,21 +149,15 @@ def train(args: argparse.Namespace) -> LlamaForCausalLM:
 
 
 def save(model: LlamaForCausalLM, out: Path, args: argparse.Namespace) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    model.to(torch.float32).save_pretrained(out)
-    # safetensors writes 0600; the folder is shipped as package data, so make it readable.
-    (out / "model.safetensors").chmod(0o644)
-    tiny_kv.build_tokenizer().save_pretrained(out)
     ids = tiny_kv.token_ids()
-    GenerationConfig(
+    generation = GenerationConfig(
         do_sample=False,
         max_new_tokens=1,
         bos_token_id=ids[tiny_kv.BOS_TOKEN],
         pad_token_id=ids[tiny_kv.PAD_TOKEN],
-    ).save_pretrained(out)
+    )
     task = {"task": tiny_kv.TASK_NAME, **MODEL_TASK}
-    (out / "lpes_task.json").write_text(json.dumps(task) + "\n")
-    (out / "README.md").write_text(readme(args))
+    tiny_training.save_model_folder(model, out, tiny_kv.build_tokenizer(), generation, task, readme(args))
 
 
 def readme(args: argparse.Namespace) -> str:
@@ -245,22 +239,7 @@ def write_report(path: Path, table: str, args: argparse.Namespace, wall_s: float
 
 
 def main() -> None:
-    args = parse_args()
-    torch.set_num_threads(args.threads)
-    out = args.out if args.out.is_absolute() else ROOT / args.out
-    wall_s = None
-    if not args.eval_only:
-        start = time.time()
-        model = train(args)
-        wall_s = time.time() - start
-        save(model, out, args)
-        size_mb = (out / "model.safetensors").stat().st_size / 2**20
-        print(f"saved {out} (model.safetensors {size_mb:.1f} MiB)", flush=True)
-        if size_mb > 20:
-            raise SystemExit("model.safetensors is over the 20 MB budget")
-    table = evaluate(out, args.eval_examples)
-    print(table)
-    write_report(args.report, table, args, wall_s)
+    tiny_training.run(parse_args(), train, save, evaluate, write_report)
 
 
 if __name__ == "__main__":
