@@ -37,17 +37,18 @@ test: install lint
 
 demo: install
 	$(BIN)/lpes-search lpes-tiny-induction --out $(DEMO)/best.json --data tiny-induction:examples=20 --scale-grid 0.5:4:0.25 --population 12 --generations 8 --force
-	$(BIN)/lpes-convert lpes-tiny-induction --curve $(DEMO)/best.json --to hf,onnx --out $(DEMO)/lpes-tiny-induction-lpes --data tiny-induction:examples=40 --force
+	$(BIN)/lpes-convert lpes-tiny-induction --curve $(DEMO)/best.json --to hf,onnx,genai --out $(DEMO)/lpes-tiny-induction-lpes --data tiny-induction:examples=40 --force
 	@echo
 	@echo "What you just saw: lpes-search scored RoPE scale curves for the bundled 4-layer model"
 	@echo "lpes-tiny-induction (trained on contexts of at most 256 positions) on 100 prompts of 512"
 	@echo "positions, each hiding 16 facts written 'key, decoy key, value', and kept the best"
 	@echo "($(DEMO)/best.json). Answering needs an exact offset (the key two places before each value)"
 	@echo "and a long-range lookup; one scale for every layer cannot serve both, a per-layer curve can."
-	@echo "lpes-convert baked the curve into a Hub folder and an ONNX export and scored 200 held-out"
-	@echo "prompts: the table gives accuracy by the position of the needed fact (0 = farthest from the"
-	@echo "query) for the unscaled model, the best single scale, and the LPES curve in PyTorch, in the"
-	@echo "Hub folder and in onnxruntime; each export must answer as the PyTorch reference."
+	@echo "lpes-convert baked the curve into a Hub folder, an ONNX export and an onnxruntime-genai package"
+	@echo "and scored 200 held-out prompts: the table gives accuracy by the position of the needed fact"
+	@echo "(0 = farthest from the query) for the unscaled model, the best single scale, and the LPES curve"
+	@echo "in PyTorch, in the Hub folder, in onnxruntime and in onnxruntime-genai; each export must answer"
+	@echo "as the PyTorch reference."
 	@echo
 	@echo "Where to look:"
 	@echo "  $(DEMO)/best_curve.png, $(DEMO)/best_fitness.png          the curve, and the search by generation"

@@ -41,6 +41,7 @@ import contextlib
 import importlib.util
 import io
 import json
+import math
 import os
 import shutil
 from dataclasses import dataclass
@@ -60,6 +61,7 @@ GENAI_CONFIG = "genai_config.json"
 # The builder's precision names -> lpes dtype names (an export's disagreement allowance); the
 # quantised packages keep float32 activations and are held to the float32 allowance.
 PRECISION_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
+CONTEXT_CAP = 32768  # as TensorRT's default profile: caches of 2 x context x head_dim/2 floats per scale
 _WORK_DIR = ".lpes-genai-build"  # inside out_dir, removed when done
 
 
@@ -81,6 +83,9 @@ class GenaiPlan:
     execution_provider: str
     rope_type: str
     rotary: torch.nn.Module  # the model's own rotary module (CPU, float32 inv_freq)
+    # The package's context length: the trained positions x the largest scale (capped), the
+    # lengths an LPES model is used at; the builder itself would stop at max_position_embeddings.
+    context_length: int = 0
 
 
 def check_genai(model_path: Path, spec: Spec, precision: str = "fp32", execution_provider: str = "cpu") -> GenaiPlan:
@@ -106,7 +111,11 @@ def check_genai(model_path: Path, spec: Spec, precision: str = "fp32", execution
     rotary = _rotary_module(meta_model, config)
     if execution_provider == "cpu":
         _check_cpu_kernel_limits(config, rotary)
-    return GenaiPlan(Path(model_path), spec, precision, execution_provider, rope_type, rotary)
+    context = min(CONTEXT_CAP, max(config.max_position_embeddings,
+                                   math.ceil(config.max_position_embeddings * max(spec.scales))))
+    if entry.needs_equal_original_max:  # a longer context sends Phi-3 to the builder's LongRoPE class
+        context = config.max_position_embeddings
+    return GenaiPlan(Path(model_path), spec, precision, execution_provider, rope_type, rotary, context)
 
 
 def _tokenizer_has_eos(model_path: Path) -> bool:
@@ -233,12 +242,26 @@ def _run_builder(plan: GenaiPlan, package: Path, cache: Path) -> None:
             # Importing the package appends its folder to sys.path: builder.py imports its siblings by name.
             from onnxruntime_genai.models import builder
 
-            args = (None, str(plan.model_path), str(package), plan.precision, plan.execution_provider, str(cache))
+            view = _model_view(plan, cache.parent / "model")
+            args = (None, str(view), str(package), plan.precision, plan.execution_provider, str(cache))
             options = builder.parse_extra_options(*args, [])
             builder.create_model(*args, **options)
     except Exception as err:  # the builder raises anything from ValueError to KeyError
         message = " ".join(str(err).split())[:300] or "no message"
         raise LpesError(f"onnxruntime-genai's builder failed: {type(err).__name__}: {message}") from None
+
+
+def _model_view(plan: GenaiPlan, folder: Path) -> Path:
+    """The model folder as the builder should read it: links to its files, max_position_embeddings the
+    package's context length (the builder sizes its caches and genai_config.json from it)."""
+    folder.mkdir(parents=True)
+    for source in plan.model_path.iterdir():
+        if source.is_file() and source.name != "config.json":
+            os.symlink(source.resolve(), folder / source.name)
+    config = json.loads((plan.model_path / "config.json").read_text())
+    config["max_position_embeddings"] = plan.context_length
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    return folder
 
 
 def _write_scaled_package(plan: GenaiPlan, package: Path, out_dir: Path) -> None:

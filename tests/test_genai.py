@@ -222,3 +222,17 @@ def test_model_without_an_end_token_is_refused_before_building():
 
     with pytest.raises(LpesError, match="end-of-sequence token"):
         check_genai(resolve_model("lpes-tiny-kv"), Spec.from_scales([1.0] * 4))
+
+
+def test_the_package_covers_the_lengths_an_lpes_model_is_used_at(llama_builds):
+    """The builder alone stops at max_position_embeddings; the package goes to it x the largest scale."""
+    model_dir, scaled, unscaled = llama_builds
+    trained = json.loads((model_dir / "config.json").read_text())["max_position_embeddings"]
+    context = {p: json.loads((p / "genai_config.json").read_text())["model"]["context_length"]
+               for p in (scaled, unscaled)}
+    assert context == {scaled: 3 * trained, unscaled: trained}
+    layers, inits = _rope_inputs(scaled)
+    assert {inits[name].shape[0] for pair in layers.values() for name in pair} == {3 * trained}
+    prompt = [5 + (i % 40) for i in range(trained + 8)]  # past the trained positions
+    spec = Spec.from_scales([3.0, 1.0, 3.0])
+    assert genai_greedy(scaled, prompt)[:4] == torch_greedy(model_dir, spec, prompt, NEW_TOKENS)[:4]
