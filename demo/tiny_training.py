@@ -20,6 +20,23 @@ ROOT = Path(__file__).resolve().parents[1]
 MAX_MODEL_MB = 20  # a bundled model ships inside the package
 
 
+def base_parser(doc: str, out: str, steps: int, threads: int, report: str) -> argparse.ArgumentParser:
+    """The flags both scripts take; each adds its own after these."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path(out))
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--warmup", type=int, default=100)
+    # The thread count is part of what makes a run repeat bit for bit.
+    parser.add_argument("--threads", type=int, default=threads)
+    parser.add_argument("--eval-examples", type=int, default=40, help="examples per gold index and cell")
+    parser.add_argument("--eval-only", action="store_true", help="skip training; evaluate the saved --out")
+    parser.add_argument("--report", type=Path, default=ROOT / "demo" / report)
+    return parser
+
+
 def save_model_folder(model: LlamaForCausalLM, out: Path, tokenizer, generation: GenerationConfig,
                       task: dict, readme: str) -> None:
     """Weights (float32), tokenizer, generation config, lpes_task.json and README.md into `out`."""

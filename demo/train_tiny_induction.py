@@ -36,7 +36,6 @@ from lpes.spec import Spec
 from lpes.validation import scoring
 from lpes.validation import tiny_induction as task
 
-ROOT = Path(__file__).resolve().parents[1]
 TRAIN_LENGTH = 256
 MAX_TRAIN_PAIRS = 24
 ROPE_THETA = 10000.0
@@ -54,13 +53,9 @@ EVAL_SEED = 1000  # not a seed that lpes-search or lpes-validate derive from the
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("lpes/models/lpes-tiny-induction"))
-    parser.add_argument("--steps", type=int, default=1300)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--warmup", type=int, default=100)
+    # One thread: on a shared 2-core machine two threads spend their time waiting for each other (3.4 s a
+    # step against 1 s). The report is the table only; demo/tiny_induction_training.md is the account around it.
+    parser = tiny_training.base_parser(__doc__, "lpes/models/lpes-tiny-induction", 1300, 1, "tiny_induction_results.md")
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--aux-weight", type=float, default=1.0, help="weight of the previous-token target")
@@ -76,13 +71,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--retrieval-layer", type=int, default=1)
     parser.add_argument("--decoys", type=int, default=task.DECOYS,
                         help="key tokens between a fact's key and its value (0: key then value)")
-    # One thread: on a shared 2-core machine two threads spend their time waiting for each other (3.4 s a
-    # step against 1 s); the thread count is part of what makes a run repeat bit for bit.
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--eval-examples", type=int, default=40, help="examples per gold index and cell")
-    parser.add_argument("--eval-only", action="store_true", help="skip training; evaluate the saved --out")
-    # The table only; demo/tiny_induction_training.md is the hand-written account around it.
-    parser.add_argument("--report", type=Path, default=ROOT / "demo" / "tiny_induction_results.md")
     return parser.parse_args()
 
 

@@ -36,7 +36,6 @@ from transformers import (
 from lpes.validation import tiny_kv
 from lpes.validation.tasks import TASK_DEFAULTS
 
-ROOT = Path(__file__).resolve().parents[1]
 TRAIN_LENGTH = 256
 MAX_TRAIN_PAIRS = 32
 ROPE_THETA = 10000.0
@@ -53,18 +52,7 @@ EVAL_SCALES = (1.0, 2.0, 4.0)
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("lpes/models/lpes-tiny-kv"))
-    parser.add_argument("--steps", type=int, default=2500)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--warmup", type=int, default=100)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--eval-examples", type=int, default=40, help="examples per gold index and cell")
-    parser.add_argument("--eval-only", action="store_true", help="skip training; evaluate the saved --out")
-    parser.add_argument("--report", type=Path, default=ROOT / "demo" / "tiny_kv_training.md")
-    return parser.parse_args()
+    return tiny_training.base_parser(__doc__, "lpes/models/lpes-tiny-kv", 2500, 2, "tiny_kv_training.md").parse_args()
 
 
 def model_config(rope_parameters: dict | None = None) -> LlamaConfig:
