@@ -241,14 +241,12 @@ def validate(
     `shown_dir`, the folder as the user will see it). The torch variants run in
     `reference_dtype` on `device` (default: cuda when available).
     """
-    from lpes.converter.loading import load_config
+    from lpes.converter.loading import load_config, model_label
 
     out_dir = Path(out_dir)
     spec = spec if spec is not None else find_spec(out_dir)
     config = load_config(Path(model_path))
     spec = spec.for_layers(config.num_hidden_layers)
-    from lpes.converter.loading import model_label
-
     name = model_label(str(model_name or spec.provenance.get("base_model") or Path(model_path).name))
     rerun = f"lpes-validate {shown_dir or out_dir} --model {name}"
     exports = _found_exports(out_dir, variants)
@@ -265,7 +263,7 @@ def validate(
     else:
         kv = checks.Check("kv", "skipped", f"{kv_plan.skipped}; to run it where it fits: {rerun}")
     report = ValidationReport(name, kv_plan.examples, results, max_new_tokens, [rope, kv],
-                              prompt_tokens=kv_plan.prompt_tokens)
+                              prompt_tokens=kv_plan.prompt_tokens if results else [])
     write_report(report, out_dir)
     return report
 
@@ -276,7 +274,8 @@ class KvPlan:
     tokenizer: Any = None
     examples: list[Example] = field(default_factory=list)
     estimate: str = ""
-    prompt_tokens: list[int] = field(default_factory=list)
+    prompt_tokens: list[int] = field(default_factory=list)  # per example (also when skipped for time)
+    variants: int = 0  # models each example is scored on
 
 
 def _has_uniform(spec: Spec) -> int:
@@ -317,8 +316,9 @@ def _plan_kv(model_path: Path, config, examples, data, chat_template, dtype, dev
     estimate = f"about {checks.format_seconds(seconds)} on {where.type} (estimated)"
     if max_seconds is not None and seconds > max_seconds:
         return KvPlan(f"{len(examples)} examples x {variants} variants would take {estimate}, "
-                      f"over the {checks.format_seconds(max_seconds)} budget")
-    return KvPlan(None, tokenizer, examples, estimate, [len(e.prompt_ids) for e in encoded])
+                      f"over the {checks.format_seconds(max_seconds)} budget",
+                      prompt_tokens=[len(e.prompt_ids) for e in encoded])
+    return KvPlan(None, tokenizer, examples, estimate, [len(e.prompt_ids) for e in encoded], variants)
 
 
 def _score_all(model_path, spec, kv_plan: KvPlan, exports, reference_dtype, device, batch_size, max_batch_tokens,
@@ -326,8 +326,7 @@ def _score_all(model_path, spec, kv_plan: KvPlan, exports, reference_dtype, devi
     from tqdm.auto import tqdm
 
     tokenizer, examples = kv_plan.tokenizer, kv_plan.examples
-    total = len(examples) * (2 + _has_uniform(spec) + len(exports))
-    bar = tqdm(total=total, desc="lpes-validate", unit="example", disable=not progress)
+    bar = tqdm(total=len(examples) * kv_plan.variants, desc="lpes-validate", unit="example", disable=not progress)
 
     def score(name: str, model, eos) -> scoring.Scores:
         bar.set_postfix_str(name)
