@@ -55,12 +55,13 @@ class OnnxExport(Target):
         require("onnxruntime", "onnx")
         from lpes.validation.ort_runner import OrtCausalLM, check_dtype_supported
 
+        dtype = cls.export_dtype(folder, run)
         try:
-            check_dtype_supported(cls.export_dtype(folder, run))
+            check_dtype_supported(dtype)
         except LpesError as why:  # bfloat16 without a GPU: the export may be fine, this machine cannot run it
             raise RunnerUnavailable(str(why)) from None
         runner = OrtCausalLM(folder)
-        return OpenedExport(runner, str(runner.provider), cls.export_dtype(folder, run))
+        return OpenedExport(runner, str(runner.provider), dtype)
 
     @classmethod
     def export_dtype(cls, folder: Path, run: RunContext) -> str:
