@@ -41,6 +41,8 @@ class Measured:
     uniform: Accuracy | None = None  # the best uniform scale's (the spec's best_uniform_scale), if scored
     exports_agreeing: tuple[str, ...] = ()  # exports that gave the reference's answers within their tolerance
     exports_differing: tuple[str, ...] = ()
+    # The stock length-extension RoPE types (YaRN, dynamic NTK), each at its best factor on calibration.
+    stock: tuple[tuple[str, Accuracy], ...] = ()
 
 
 def hub_id(base_model: str) -> str | None:
@@ -151,12 +153,26 @@ def _finding_text(m: Measured, uniform_scale: float | None) -> str:
         text += (f" The baseline a per-layer curve has to beat is one scale for every layer: the best, s = "
                  f"{uniform_scale:g}, found by the same search, answers {_pct(uniform)}. ")
         text += _verdict(lpes, uniform, m.examples)
+    text += _stock_text(m)
     if lpes < unscaled:
         text += " **These scales make the model worse than it was unscaled on this task.**"
     if m.exports_agreeing:
         text += f" The exports in this folder ({', '.join(m.exports_agreeing)}) gave the same answers as the reference."
     if m.exports_differing:
         text += f" **{', '.join(m.exports_differing)} answered differently from the reference** (see the table)."
+    return text
+
+
+def _stock_text(m: Measured) -> str:
+    """The stock RoPE types every runtime has, each at its best factor; said plainly when one beats the curve."""
+    if not m.stock:
+        return ""
+    rows = ", ".join(f"{name} {_pct(a.overall)}" for name, a in m.stock)
+    text = f" The stock length-extension RoPE types, each at its best factor on the calibration prompts: {rows}."
+    name, best = max(m.stock, key=lambda row: row[1].overall)
+    if (best.overall - m.lpes.overall) * m.examples >= 0.5:
+        text += (f" **{name} beats the per-layer curve here** ({_pct(best.overall)} vs {_pct(m.lpes.overall)}): "
+                 "on this task that stock setting, which every runtime runs from config.json, is the better choice.")
     return text
 
 

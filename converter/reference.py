@@ -1,14 +1,26 @@
-"""The reference: a loaded transformers model running LPES through `lpes_rope`."""
+"""The reference: a loaded transformers model running LPES through `lpes_rope`, or a stock RoPE baseline.
+
+`apply` gives each decoder layer its own scale; `use_stock_rope` puts every layer on one
+of transformers' own length-extension RoPE types (YaRN, dynamic NTK) instead, the baselines
+a curve is held against. Either replaces what the other did, on the same loaded weights.
+"""
 
 from __future__ import annotations
 
+import copy
+import weakref
+
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from torch import nn
 
 from lpes.converter import lpes_rope
 from lpes.converter.architectures import architecture_for
 from lpes.errors import LpesError
-from lpes.spec import Spec
+from lpes.spec import Spec, StockRope
+
+# model -> its own rotary module, while a stock RoPE stands in for it (kept off the module tree).
+_OWN_ROTARY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def apply(model: nn.Module, spec: Spec) -> nn.Module:
@@ -17,6 +29,7 @@ def apply(model: nn.Module, spec: Spec) -> nn.Module:
     arch = architecture_for(config)
     spec = spec.for_layers(config.num_hidden_layers)
     kwargs = arch.patch_kwargs(config)
+    _restore_own_rotary(model, kwargs["rotary_path"])
     try:
         rotary = lpes_rope.resolve_attribute(model, kwargs["rotary_path"])
     except AttributeError:
@@ -27,6 +40,87 @@ def apply(model: nn.Module, spec: Spec) -> nn.Module:
     if not isinstance(rotary, lpes_rope.LayerScaledRotary):  # checked when first wrapped; search swaps often
         _check_rope_layout(rotary, kwargs["layer_types"], kwargs["interleaved"], config.model_type)
     return lpes_rope.apply_layer_scales(model, list(spec.scales), **kwargs)
+
+
+def stock_rope_unsupported(config, rope_type: str) -> str | None:
+    """Why the stock `rope_type` cannot stand in for this model's RoPE; None when it can."""
+    own = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
+    if architecture_for(config).per_layer_type_rope:
+        return f"{config.model_type} has one RoPE per layer type; the stock baselines are for a single RoPE"
+    if own != "default":
+        return f"its own RoPE is {own!r}; the stock baselines replace plain (default) RoPE only"
+    if not getattr(config, "max_position_embeddings", None):
+        return "its config gives no max_position_embeddings, the length the stock types extend"
+    try:
+        _stock_config(config, StockRope(rope_type, 2.0))  # the factor does not decide whether the type is taken
+    except (ValueError, TypeError, KeyError, StrictDataclassError) as err:  # the config class's own validation
+        return f"transformers' {type(config).__name__} refuses rope_type {rope_type!r} ({_first_line(err)})"
+    return None
+
+
+def baseline_rope_parameters(config, rope: StockRope) -> dict:
+    """`rope_parameters` as a config.json sets them for `rope` on this model (its theta and partial rotary kept)."""
+    parameters = {**config.rope_parameters, "rope_type": rope.rope_type, "factor": rope.factor}
+    if rope.rope_type == "yarn":
+        parameters["original_max_position_embeddings"] = config.max_position_embeddings
+    return parameters
+
+
+def use_stock_rope(model: nn.Module, rope: StockRope | None) -> nn.Module:
+    """Every layer on transformers' own `rope.rope_type` RoPE at `rope.factor`; None: the model's own RoPE again.
+
+    The model's rotary class is built anew from its config with `baseline_rope_parameters`,
+    which is what loading a config.json with them gives. LPES scales are removed first. A
+    length-dependent type (dynamic NTK) starts afresh with every sequence (position 0), as a
+    newly loaded model would: transformers' module otherwise keeps the longest length it met.
+    """
+    config = model.config
+    rotary_path = architecture_for(config).patch_kwargs(config)["rotary_path"]
+    apply(model, Spec.from_scales([1.0] * config.num_hidden_layers))  # no LPES hooks, the model's own rotary
+    if rope is None:
+        return model
+    why = stock_rope_unsupported(config, rope.rope_type)
+    if why:
+        raise LpesError(f"no {rope.name} baseline for this model: {why}")
+    owner, attr = _rotary_owner(model, rotary_path)
+    own = lpes_rope.unwrapped_rotary(getattr(owner, attr))
+    stock = type(own)(_stock_config(config, rope)).to(own.inv_freq.device)
+    if rope.length_dependent:
+        stock.register_forward_pre_hook(_fresh_for_each_sequence, with_kwargs=True)
+    setattr(owner, attr, stock)
+    _OWN_ROTARY[model] = own
+    return model
+
+
+def _stock_config(config, rope: StockRope):
+    stock = copy.deepcopy(config)
+    stock.rope_parameters = baseline_rope_parameters(config, rope)
+    stock.validate()  # transformers' own checks, as when a config.json with them is loaded
+    return stock
+
+
+def _first_line(err: BaseException) -> str:
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return (lines[-1] if lines else type(err).__name__)[:200]
+
+
+def _fresh_for_each_sequence(rotary: nn.Module, args: tuple, kwargs: dict) -> None:
+    position_ids = kwargs["position_ids"] if "position_ids" in kwargs else args[1]
+    if bool((position_ids == 0).any()):  # a prefill (a decode step continues from its prompt)
+        rotary.register_buffer("inv_freq", rotary.original_inv_freq.clone(), persistent=False)
+        rotary.max_seq_len_cached = rotary.original_max_seq_len
+
+
+def _rotary_owner(model: nn.Module, rotary_path: str) -> tuple[nn.Module, str]:
+    owner_path, _, attr = rotary_path.rpartition(".")
+    return (lpes_rope.resolve_attribute(model, owner_path) if owner_path else model), attr
+
+
+def _restore_own_rotary(model: nn.Module, rotary_path: str) -> None:
+    own = _OWN_ROTARY.pop(model, None)
+    if own is not None:
+        owner, attr = _rotary_owner(model, rotary_path)
+        setattr(owner, attr, own)
 
 
 def check_layout(config) -> None:

@@ -190,6 +190,8 @@ def variant_label(variant: VariantResult) -> str:
         return "LPES (PyTorch reference)"
     if variant.name.startswith(UNIFORM):
         return f"best uniform scale, {variant.name[len(UNIFORM):].strip()} (PyTorch)"
+    if variant.baseline:
+        return f"{variant.name}, best on calibration (PyTorch)"
     label = _EXPORT_LABELS.get(variant.name, f"LPES, {variant.name} export")
     return f"{label} ({variant.note})" if variant.note else label  # how it ran: provider, custom code or not
 
@@ -203,6 +205,9 @@ def _variant_style(variant: VariantResult, n: int) -> dict:
         return {"marker": "s", "linestyle": "-", "color": "C0", "markersize": 8}
     if variant.name.startswith(UNIFORM):
         return {"marker": "D", "linestyle": "-.", "color": "C1"}
+    if variant.baseline:  # the stock RoPE types: dash-dot like the uniform baseline, colours no export takes
+        kind = variant.name.split(" f=")[0]
+        return {"marker": "X" if kind == "YaRN" else "P", "linestyle": "-.", "color": "C8" if kind == "YaRN" else "C9"}
     # Exports: hollow markers, so one that sits on the reference leaves the reference visible.
     return {"marker": _MARKERS[n % len(_MARKERS)], "linestyle": ":", "color": f"C{2 + n}",
             "markerfacecolor": "none", "markeredgewidth": 1.5}

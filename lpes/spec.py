@@ -30,9 +30,11 @@ Sane ranges (anything outside is a mistake, refused with the field's name):
 - the file is at most 8 MiB of UTF-8 JSON, nested at most 64 levels, integers at most
   40 digits.
 
-Provenance that other stages read is typed: `search` (with `best_uniform_scale`),
-`model` and `held_out` are objects, `base_model` and `lpes_version` strings; read them
-through `Spec.best_uniform_scale` and `Spec.base_model`.
+Provenance that other stages read is typed: `search` (with `best_uniform_scale` and
+`stock_baselines`, a list of `{"rope_type": "yarn" | "dynamic", "factor": f, ...}` with
+1 <= f <= MAX_SCALE), `model` and `held_out` are objects, `base_model` and `lpes_version`
+strings; read them through `Spec.best_uniform_scale`, `Spec.stock_baselines` and
+`Spec.base_model`.
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ from lpes.errors import LpesError
 from lpes.files import write_bytes_atomic, write_text_atomic
 
 # Re-exported: lpes.spec was the atomic writers' home before lpes.files; new code imports lpes.files.
-__all__ = ["Curve", "Spec", "dump_spec", "load_spec", "parse_spec", "write_bytes_atomic", "write_text_atomic"]
+__all__ = ["Curve", "Spec", "StockRope", "dump_spec", "load_spec", "parse_spec", "write_bytes_atomic",
+           "write_text_atomic"]
 
 FORMAT = "lpes-spec"
 VERSION = 1
@@ -69,6 +72,9 @@ MAX_INT_DIGITS = 40
 TOP_LEVEL_KEYS = ("format", "version", "num_layers", "scales", "curve", "control_points", "degree", "provenance")
 CURVE_KEYS = ("degree", "control_points")
 _SCALE_RANGE = f"[{MIN_SCALE:g}, {MAX_SCALE:g}]"
+# The stock length-extension RoPE types (transformers' rope_type -> the name readers know) that
+# lpes-search scans as baselines and validation scores beside the curve.
+STOCK_ROPE_TYPES = {"yarn": "YaRN", "dynamic": "dynamic NTK"}
 
 
 @dataclass(frozen=True)
@@ -88,6 +94,23 @@ class Curve:
 
     def to_json(self) -> dict[str, Any]:
         return {"degree": self.degree, "control_points": [list(p) for p in self.control_points]}
+
+
+@dataclass(frozen=True)
+class StockRope:
+    """A stock RoPE length extension at one factor, the same in every layer: a baseline for a curve."""
+
+    rope_type: str  # a key of STOCK_ROPE_TYPES, as config.json's rope_parameters name it
+    factor: float
+
+    @property
+    def name(self) -> str:
+        return f"{STOCK_ROPE_TYPES[self.rope_type]} f={self.factor:g}"
+
+    @property
+    def length_dependent(self) -> bool:
+        """Its frequencies follow the sequence length: in a batch the longest row would set them for all."""
+        return self.rope_type == "dynamic"
 
 
 @dataclass(frozen=True)
@@ -111,6 +134,13 @@ class Spec:
         search = self.provenance.get("search")
         value = search.get("best_uniform_scale") if isinstance(search, dict) else None
         return float(value) if _is_number(value) and MIN_SCALE <= value <= MAX_SCALE else None
+
+    @property
+    def stock_baselines(self) -> tuple[StockRope, ...]:
+        """The stock RoPE types lpes-search found best on calibration, each at its factor (none if not scanned)."""
+        search = self.provenance.get("search")
+        entries = search.get("stock_baselines") if isinstance(search, dict) else None
+        return tuple(StockRope(e["rope_type"], float(e["factor"])) for e in entries or ())
 
     @property
     def base_model(self) -> str | None:
@@ -394,7 +424,29 @@ def _check_provenance(provenance: Any) -> dict[str, Any]:
         if not MIN_SCALE <= uniform <= MAX_SCALE:
             raise LpesError(f"spec: 'provenance.search.best_uniform_scale' is {_show(uniform)}; "
                             f"a scale must lie in {_SCALE_RANGE}")
+    _check_stock_baselines(provenance.get("search", {}).get("stock_baselines"))
     return provenance
+
+
+def _check_stock_baselines(entries: Any) -> None:
+    where = "spec: 'provenance.search.stock_baselines'"
+    if entries is None:
+        return
+    if not isinstance(entries, list):
+        raise LpesError(f"{where} must be a list, got {_type_name(entries)}")
+    seen = set()
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise LpesError(f"{where}[{i}] must be an object, got {_type_name(entry)}")
+        rope_type, factor = entry.get("rope_type"), entry.get("factor")
+        if not isinstance(rope_type, str) or rope_type not in STOCK_ROPE_TYPES:
+            raise LpesError(f"{where}[{i}].rope_type must be one of {', '.join(STOCK_ROPE_TYPES)}, "
+                            f"got {_show(rope_type)}")
+        if rope_type in seen:
+            raise LpesError(f"{where}[{i}]: {rope_type!r} appears twice")
+        seen.add(rope_type)
+        if not _is_number(factor) or not 1 <= factor <= MAX_SCALE:
+            raise LpesError(f"{where}[{i}].factor must be a number in [1, {MAX_SCALE:g}], got {_show(factor)}")
 
 
 def _check_scales_match_curve(scales: tuple[float, ...], curve: Curve) -> None:

@@ -99,6 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="at equal fitness prefer the gentler curve (smaller sum |log s|; default) or the "
                         "first one found (the papers' plain GA, cheaper: gentler curves of equal fitness "
                         "need not be scored in full)")
+    parser.add_argument("--baselines", default=DEFAULTS.baselines, metavar="TYPES",
+                        help="stock RoPE types to scan after the search, each at its best factor of the grid "
+                        "(>= 1) on the calibration examples, for validation to score beside the curve: yarn, "
+                        "dynamic (NTK), comma-separated, or none (default %(default)s)")
     parser.add_argument("--no-racing", dest="racing", action="store_false",
                         help="score every candidate on every example (same result, more work)")
     parser.add_argument("--no-chat-template", dest="chat_template", action="store_false")
@@ -113,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         scale_grid=args.scale_grid, seed=args.seed, holdout=args.holdout, device=args.device, dtype=args.dtype,
         method=args.method, ties=args.ties, racing=args.racing, batch_size=args.batch_size,
         chat_template=args.chat_template, ray=args.ray, replicas=args.replicas,
-        gpus_per_replica=args.gpus_per_replica,
+        gpus_per_replica=args.gpus_per_replica, baselines=args.baselines,
     )
     search(args.model, args.out, options, force=args.force)
     return 0

@@ -1,6 +1,6 @@
 """Scoring a scale vector on calibration examples with the replicas of a pool.
 
-Candidates swap scales in place through the reference patch (`lpes.apply`): each
+Candidates (scales, or a stock RoPE baseline) are swapped in place (`lpes.apply`): each
 replica loads the model once and never reloads it (search/replicas.py). The
 one-forward-pass check (`teacher_forced_correct`) is the default; `method="greedy"`
 scores by greedy generation, the paper's way, for the cost benchmark.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from lpes.search.replicas import ReplicaPool
+from lpes.search.replicas import Candidate, ReplicaPool
 
 METHODS = ("teacher-forced", "greedy")
 
@@ -32,12 +32,12 @@ class ModelEvaluator:
         self.forward_tokens = 0
         self.usage = [ReplicaUsage() for _ in range(pool.size)]
 
-    def correct(self, scales: tuple[float, ...], example_ids: list[int]) -> list[bool]:
-        # Every replica takes an equal share; a verdict depends on (scales, example) only, so
+    def correct(self, candidate: Candidate, example_ids: list[int]) -> list[bool]:
+        # Every replica takes an equal share; a verdict depends on (candidate, example) only, so
         # how the chunk is cut never changes the result.
         shares = [example_ids[k::self.pool.size] for k in range(self.pool.size)]
         verdict = {}
-        for result in self.pool.score(scales, [s for s in shares if s]):
+        for result in self.pool.score(candidate, [s for s in shares if s]):
             self.forward_tokens += result.forward_tokens
             self.usage[result.slot].busy_s += result.busy_s
             self.usage[result.slot].forward_tokens += result.forward_tokens

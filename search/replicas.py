@@ -1,8 +1,9 @@
 """Model replicas that score candidates: in this process, or in Ray actors.
 
 A replica is one copy of the model, loaded once, on one device or split over K GPUs by
-transformers' device map (`--gpus-per-replica K`). A candidate's scales travel with each
-batch and are swapped in place (`lpes.apply`); the model is never reloaded.
+transformers' device map (`--gpus-per-replica K`). A candidate travels with each batch and
+is swapped in place: per-layer scales (`lpes.apply`) or a stock RoPE baseline
+(`reference.use_stock_rope`); the model is never reloaded.
 
 Two pools hold replicas behind one small interface (`ReplicaPool`):
 
@@ -11,7 +12,7 @@ Two pools hold replicas behind one small interface (`ReplicaPool`):
   mergekit-evolve). An actor that dies is replaced and its batch scored again.
 
 Only scoring is distributed. The genetic search, racing and checkpoints stay in the driver,
-and a verdict depends only on (scales, example), so the search ends with the same result
+and a verdict depends only on (candidate, example), so the search ends with the same result
 whatever the pool, the number of replicas, or the faults on the way. (Exactly so in float32 on
 the CPU, tested; in bfloat16 on GPUs, batches of another size may round differently and flip
 an answer decided by a near-tie.) A replacement actor waits until the cluster has room for it.
@@ -31,7 +32,11 @@ from pathlib import Path
 from typing import Protocol, TypedDict
 
 from lpes.errors import LpesError
+from lpes.spec import StockRope
 from lpes.validation.examples import Example
+
+# What a replica scores: one scale per decoder layer, or a stock RoPE type at a factor.
+Candidate = tuple[float, ...] | StockRope
 
 RAY_INSTALL = "--ray needs Ray: pip install 'lpes[ray]' (Ray 2.60 or later)"
 # A batch whose replica dies this many times in a row is a fault of the batch or the cluster, not bad luck.
@@ -62,8 +67,8 @@ class ReplicaPool(Protocol):
     size: int
     layout: ReplicaLayout
 
-    def score(self, scales: tuple[float, ...], shares: list[list[int]]) -> list[ShareResult]:
-        """Verdicts of `scales` on each share of example ids, one share per replica, in order."""
+    def score(self, candidate: Candidate, shares: list[list[int]]) -> list[ShareResult]:
+        """Verdicts of `candidate` on each share of example ids, one share per replica, in order."""
         ...
 
     def greedy_accuracy(self, scales: tuple[float, ...], examples: list[Example]) -> float:
@@ -132,19 +137,19 @@ class Replica:
         self.slot, self.tokenizer, self.examples = slot, tokenizer, examples
         self.method, self.batch_size = method, batch_size
         self.model = load_replica(Path(model_path), self.devices, dtype)
-        self._scales: tuple[float, ...] | None = None
+        self._candidate: Candidate | None = None
 
     def info(self) -> dict:
         return {"slot": self.slot, "pid": os.getpid(), "devices": self.devices}
 
-    def score(self, scales: tuple[float, ...], example_ids: Sequence[int]) -> ShareResult:
+    def score(self, candidate: Candidate, example_ids: Sequence[int]) -> ShareResult:
         from lpes.validation import scoring
 
         started = time.perf_counter()
-        self._use(scales)
+        self._use(candidate)
         examples = [self.examples[i] for i in example_ids]
         score = scoring.greedy_correct if self.method == "greedy" else scoring.teacher_forced_correct
-        scores = score(self.model, self.tokenizer, examples, self.batch_size)
+        scores = score(self.model, self.tokenizer, examples, _batch_size(candidate, self.batch_size))
         return ShareResult(self.slot, tuple(example_ids), tuple(r.correct for r in scores.results),
                            scores.forward_tokens, time.perf_counter() - started)
 
@@ -154,13 +159,23 @@ class Replica:
         self._use(scales)
         return greedy_correct(self.model, self.tokenizer, examples, self.batch_size).accuracy
 
-    def _use(self, scales: tuple[float, ...]) -> None:
-        from lpes.converter.reference import apply
+    def _use(self, candidate: Candidate) -> None:
+        from lpes.converter.reference import apply, use_stock_rope
         from lpes.spec import Spec
 
-        if scales != self._scales:  # racing scores one genome chunk after chunk: swap only when it changes
-            apply(self.model, Spec.from_scales(list(scales)))
-            self._scales = scales
+        if candidate == self._candidate:  # racing scores one genome chunk after chunk: swap only when it changes
+            return
+        if isinstance(candidate, StockRope):
+            use_stock_rope(self.model, candidate)
+        else:
+            apply(self.model, Spec.from_scales(list(candidate)))
+        self._candidate = candidate
+
+
+def _batch_size(candidate: Candidate, batch_size: int) -> int:
+    # A length-dependent RoPE (dynamic NTK) takes its frequencies from a batch's longest row:
+    # one example at a time, each verdict is the example's own, as for every other candidate.
+    return 1 if isinstance(candidate, StockRope) and candidate.length_dependent else batch_size
 
 
 def visible_devices() -> list[str]:
@@ -250,11 +265,11 @@ class LocalPool:
                                     devices=[r.devices for r in replicas])
         self._threads = ThreadPoolExecutor(self.size) if self.size > 1 else None
 
-    def score(self, scales: tuple[float, ...], shares: list[list[int]]) -> list[ShareResult]:
+    def score(self, candidate: Candidate, shares: list[list[int]]) -> list[ShareResult]:
         runs = list(zip(self.replicas, shares))
         if self._threads is None:
-            return [replica.score(scales, share) for replica, share in runs]
-        return list(self._threads.map(lambda run: run[0].score(scales, run[1]), runs))
+            return [replica.score(candidate, share) for replica, share in runs]
+        return list(self._threads.map(lambda run: run[0].score(candidate, run[1]), runs))
 
     def greedy_accuracy(self, scales: tuple[float, ...], examples: list[Example]) -> float:
         return self.replicas[0].greedy_accuracy(scales, examples)
@@ -313,8 +328,8 @@ class RayPool:
                                     devices=[info["devices"] for info in infos])
         self._pool = ActorPool(list(self._actors))
 
-    def score(self, scales: tuple[float, ...], shares: list[list[int]]) -> list[ShareResult]:
-        results = self._run_all([lambda actor, ids=share: actor.score.remote(scales, ids) for share in shares])
+    def score(self, candidate: Candidate, shares: list[list[int]]) -> list[ShareResult]:
+        results = self._run_all([lambda actor, ids=share: actor.score.remote(candidate, ids) for share in shares])
         if any(list(r.example_ids) != list(share) for r, share in zip(results, shares)):
             raise RuntimeError("replica results came back out of order")  # ActorPool.get_next keeps order
         return results

@@ -16,6 +16,7 @@ from itertools import zip_longest
 from pathlib import Path
 
 from lpes.errors import LpesError
+from lpes.search.baselines import BaselineResult, describe, parse_baselines, scan_stock_baselines
 from lpes.search.fitness import METHODS, ModelEvaluator, UsageMeter
 from lpes.search.ga import GASettings, GeneticSearch, SearchState
 from lpes.search.genome import ScaleGrid, SearchSpace
@@ -58,6 +59,8 @@ class SearchOptions:
     ray: str | None = None
     replicas: int | None = None  # Ray actors (default: one per gpus_per_replica GPUs, else 1)
     gpus_per_replica: int = 1  # a replica spans this many GPUs (transformers' device map)
+    # Stock RoPE types scanned as baselines after the search (search/baselines.py), or "none".
+    baselines: str = "yarn,dynamic"
 
 
 def check_options(options: SearchOptions) -> tuple[ScaleGrid, GASettings]:
@@ -78,6 +81,7 @@ def check_options(options: SearchOptions) -> tuple[ScaleGrid, GASettings]:
         raise LpesError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, got {options.dtype!r}")
     _check_devices(options.device)
     check_replica_options(options.ray, options.replicas, options.gpus_per_replica, options.device)
+    parse_baselines(options.baselines)
     grid = ScaleGrid.parse(options.scale_grid)
     if not grid.values:
         raise LpesError(f"--scale-grid {options.scale_grid!r} has no values")
@@ -169,6 +173,7 @@ def search(model: str, out: str | Path, options: SearchOptions = SearchOptions()
         reporter.close()
         best = state.parents[0].genome
         spec = best.spec(grid, config.num_hidden_layers)
+        baselines, skipped = _stock_baselines(config, options, evaluator, grid, settings.chunk, progress)
         held_out = _held_out(pool, holdout, spec)
     finally:
         pool.close()
@@ -184,7 +189,8 @@ def search(model: str, out: str | Path, options: SearchOptions = SearchOptions()
                    "forward_tokens": state.forward_tokens, "tokens_to_best_fitness": state.tokens_to_best,
                    "history": state.history,
                    "best_uniform_scale": state.uniform["scale"], "best_uniform_fitness": state.uniform["fitness"],
-                   "uniform_scan_tokens": state.uniform["tokens"]},
+                   "uniform_scan_tokens": state.uniform["tokens"],
+                   "stock_baselines": baselines, "stock_baselines_skipped": skipped},
         "held_out": held_out,
         "replicas": pool.layout,
     }
@@ -194,6 +200,21 @@ def search(model: str, out: str | Path, options: SearchOptions = SearchOptions()
     print(f"lpes-search: wrote {out} in {time.time() - started:.0f}s (fitness {state.parents[0].fitness:.3f}, "
           f"held-out {held_out['unscaled']:.3f} -> {held_out['lpes']:.3f})", file=sys.stderr)
     return spec
+
+
+def _stock_baselines(config, options: SearchOptions, evaluator: ModelEvaluator, grid: ScaleGrid, chunk: int,
+                     progress: bool) -> tuple[list[BaselineResult], dict[str, str]]:
+    """The stock RoPE types this model can take, each at its best factor; and why the others were left out."""
+    from lpes.converter.reference import stock_rope_unsupported
+
+    wanted = parse_baselines(options.baselines)
+    skipped = {t: why for t in wanted if (why := stock_rope_unsupported(config, t))}
+    for rope_type, why in skipped.items():
+        print(f"lpes-search: no {rope_type} baseline: {why}", file=sys.stderr)
+    results = scan_stock_baselines(evaluator, [t for t in wanted if t not in skipped], grid.values, chunk, progress)
+    if results:
+        print(f"lpes-search: {describe(results)}", file=sys.stderr)
+    return results, skipped
 
 
 def _held_out_examples(examples: list, count: int) -> list:

@@ -3,6 +3,11 @@
 Variants, in order:
 
 - `unscaled`: the base model as it ships (PyTorch);
+- the baselines the search recorded in the spec, each at its best on the calibration set:
+  `best uniform s=S` (one linear scale for every layer) and the stock length-extension
+  RoPE types every runtime has, `YaRN f=F` and `dynamic NTK f=F` (transformers' own
+  rotary, `converter.reference.use_stock_rope`; dynamic NTK one example at a time, since
+  its frequencies follow the sequence length);
 - `reference`: the same model patched with the spec (`converter.reference.apply`);
 - every export found in the output folder, one per registered target
   (`lpes.exporters.targets`): the Hub folder (its own code, checked byte for byte
@@ -45,6 +50,7 @@ JSON_FILE, MARKDOWN_FILE, PLOT_FILE = "validation.json", "validation.md", "valid
 REFERENCE = "reference"
 UNSCALED = "unscaled"
 UNIFORM = "best uniform"
+BASELINE_NOTE = "PyTorch, best on calibration"
 # Share of examples on which an export may decode differently from the reference. float32
 # runtimes differ only in rounding, far below the logit gaps of a greedy choice; half
 # precision moves logits by ~1e-3 relative and flips a near-tie now and then.
@@ -64,13 +70,14 @@ class VariantResult:
     dtype: str | None = None
     disagreements: list[int] = field(default_factory=list)  # example ids that differ from the reference
     allowed: int | None = None  # None: not compared (the torch variants)
+    baseline: bool = False  # a stock way of scaling (uniform, YaRN, dynamic NTK) the curve is held against
 
     @property
     def passed(self) -> bool:
         return self.allowed is None or len(self.disagreements) <= self.allowed
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": self.name, "status": self.status, "note": self.note}
+        out: dict[str, Any] = {"name": self.name, "status": self.status, "note": self.note, "baseline": self.baseline}
         if self.scores is not None:
             out["accuracy"] = self.scores.accuracy
             out["accuracy_by_gold_index"] = {str(k): v for k, v in self.scores.accuracy_by_gold_index().items()}
@@ -105,6 +112,18 @@ class ValidationReport:
         return (f"the LPES curve makes this model WORSE: {100 * after:.1f}% with it, {100 * before:.1f}% "
                 "unscaled (the exports agreeing with the reference does not make the curve good)")
 
+    def beaten(self) -> str | None:
+        """A plain sentence when a baseline answers more examples than the LPES curve does."""
+        scored = [v for v in self.variants if v.scores is not None]
+        lpes = next((v for v in scored if v.name == REFERENCE), None)
+        better = [v for v in scored if v.baseline and lpes is not None and _right(v) > _right(lpes)]
+        if not better:
+            return None
+        best = max(better, key=_right)
+        return (f"{', '.join(v.name for v in better)} answer{'s' if len(better) == 1 else ''} more examples than "
+                f"the LPES curve ({best.name}: {100 * best.scores.accuracy:.1f}%, LPES: "
+                f"{100 * lpes.scores.accuracy:.1f}%); on this task that stock setting is the better choice")
+
     @property
     def gold_indices(self) -> list[int]:
         return sorted({e.gold_index for e in self.examples})
@@ -131,6 +150,7 @@ class ValidationReport:
             "max_new_tokens": self.max_new_tokens,
             "checks": [c.to_json() for c in self.checks],
             "harm": self.harm(),
+            "beaten": self.beaten(),
             "variants": [v.to_json() for v in self.variants],
             "examples": self._examples_json(),
         }
@@ -154,6 +174,8 @@ class ValidationReport:
             lines += self._table()
         if self.harm():
             lines += [f"**Warning**: {self.harm()}.", ""]
+        if self.beaten():
+            lines += [f"**Note**: {self.beaten()}.", ""]
         lines.append("**passed**" if self.passed else "**FAILED**: " + "; ".join(self.failures()))
         return "\n".join(lines) + "\n"
 
@@ -185,13 +207,19 @@ class ValidationReport:
         uniform = next((v for name, v in scored.items() if name.startswith(UNIFORM)), None)
         exports = [v for v in scored.values() if v.allowed is not None]
         lengths = (min(self.prompt_tokens), max(self.prompt_tokens)) if self.prompt_tokens else (0, 0)
+        stock = tuple((v.name, accuracy(v)) for v in scored.values() if v.baseline and v is not uniform)
         return Measured(len(self.examples), self.examples[0].num_pairs, lengths, accuracy(scored[UNSCALED]),
                         accuracy(scored[REFERENCE]), accuracy(uniform) if uniform else None,
-                        tuple(v.name for v in exports if v.passed), tuple(v.name for v in exports if not v.passed))
+                        tuple(v.name for v in exports if v.passed), tuple(v.name for v in exports if not v.passed),
+                        stock)
 
     def format(self) -> str:
         """What the CLI prints: the table, the verdict, and where the files are."""
         return self.markdown().replace(f"\n![accuracy by gold index]({PLOT_FILE})\n", "")
+
+
+def _right(v: VariantResult) -> int:
+    return sum(r.correct for r in v.scores.results)
 
 
 def _markdown_row(v: VariantResult, gold: list[int], total: int) -> str:
@@ -251,7 +279,7 @@ def validate(
     rerun = f"lpes-validate {shown_dir or out_dir} --model {name}"
     exports = _found_exports(out_dir, variants)
     kv_plan = _plan_kv(model_path, config, examples, data, chat_template, reference_dtype, device,
-                       2 + len(exports) + _has_uniform(spec), max_seconds)
+                       2 + len(exports) + _baseline_count(spec), max_seconds)
     longest = max(kv_plan.prompt_tokens, default=0) + 64  # the prompts plus the answers' tokens
     rope = checks.rope_check(config, spec, max(_positions_to_check(config, spec), longest))
     results: list[VariantResult] = []
@@ -278,8 +306,8 @@ class KvPlan:
     variants: int = 0  # models each example is scored on
 
 
-def _has_uniform(spec: Spec) -> int:
-    return int(spec.best_uniform_scale is not None)
+def _baseline_count(spec: Spec) -> int:
+    return int(spec.best_uniform_scale is not None) + len(spec.stock_baselines)
 
 
 def _positions_to_check(config, spec: Spec) -> int:
@@ -328,12 +356,13 @@ def _score_all(model_path, spec, kv_plan: KvPlan, exports, reference_dtype, devi
     tokenizer, examples = kv_plan.tokenizer, kv_plan.examples
     bar = tqdm(total=len(examples) * kv_plan.variants, desc="lpes-validate", unit="example", disable=not progress)
 
-    def score(name: str, model, eos) -> scoring.Scores:
+    def score(name: str, model, eos, one_at_a_time: bool = False) -> scoring.Scores:
         bar.set_postfix_str(name)
-        return scoring.greedy_correct(model, tokenizer, examples, batch_size, max_new_tokens, progress=bar.update,
-                                      eos_token_id=eos, max_batch_tokens=max_batch_tokens)
+        return scoring.greedy_correct(model, tokenizer, examples, 1 if one_at_a_time else batch_size, max_new_tokens,
+                                      progress=bar.update, eos_token_id=eos, max_batch_tokens=max_batch_tokens)
 
-    results, eos = _score_torch(model_path, spec, tokenizer, reference_dtype, device, score)
+    results, eos = _score_torch(model_path, spec, tokenizer, reference_dtype, device, score,
+                                skip=lambda: bar.update(len(examples)))
     reference = results[-1]
     run = RunContext(reference_dtype, str(_device(device)), scoring.pad_token_id(None, tokenizer))
     for name, folder in exports:
@@ -344,21 +373,31 @@ def _score_all(model_path, spec, kv_plan: KvPlan, exports, reference_dtype, devi
     return results
 
 
-def _score_torch(model_path: Path, spec: Spec, tokenizer, dtype: str, device: str | None, score):
-    """The unscaled model, then the same weights patched in place: one load for both."""
+def _score_torch(model_path: Path, spec: Spec, tokenizer, dtype: str, device: str | None, score, skip):
+    """The unscaled model, the baselines, then the curve: the same weights, changed in place, one load for all."""
     from lpes.converter.loading import load_model
-    from lpes.converter.reference import apply
+    from lpes.converter.reference import apply, stock_rope_unsupported, use_stock_rope
 
     model = load_model(Path(model_path), dtype).to(_device(device))
-    eos = scoring.eos_token_ids(model, tokenizer)  # the exports' runners get the same stop tokens
-    results = [VariantResult(UNSCALED, "ok", score(UNSCALED, model, eos or None))]
+    eos = scoring.eos_token_ids(model, tokenizer) or None  # the exports' runners get the same stop tokens
+    results = [VariantResult(UNSCALED, "ok", score(UNSCALED, model, eos))]
     uniform = spec.best_uniform_scale
-    if uniform is not None:  # the baseline a per-layer curve must beat, found by lpes-search
+    if uniform is not None:  # the baselines a per-layer curve must beat, found by lpes-search
         apply(model, Spec.from_scales([uniform] * len(spec.scales)))
         name = f"{UNIFORM} s={uniform:g}"
-        results.append(VariantResult(name, "ok", score(name, model, eos or None)))
+        results.append(VariantResult(name, "ok", score(name, model, eos), BASELINE_NOTE, baseline=True))
+    for rope in spec.stock_baselines:
+        why = stock_rope_unsupported(model.config, rope.rope_type)  # a spec searched on another model
+        if why:
+            results.append(VariantResult(rope.name, "skipped", note=why, baseline=True))
+            skip()  # the progress bar counted its examples
+            continue
+        use_stock_rope(model, rope)
+        note = f"{BASELINE_NOTE}, one example at a time" if rope.length_dependent else BASELINE_NOTE
+        scores = score(rope.name, model, eos, rope.length_dependent)
+        results.append(VariantResult(rope.name, "ok", scores, note, baseline=True))
     apply(model, spec)
-    results.append(VariantResult(REFERENCE, "ok", score(REFERENCE, model, eos or None)))
+    results.append(VariantResult(REFERENCE, "ok", score(REFERENCE, model, eos)))
     del model
     return results, eos
 

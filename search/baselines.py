@@ -1,0 +1,90 @@
+"""The stock RoPE baselines: YaRN and dynamic NTK, each at its best factor on the calibration set.
+
+A per-layer curve should be held against the length extensions every runtime already has,
+not only against one linear scale for every layer. Each type is scanned over the search
+grid's factors of at least 1 (below 1 neither type extends anything), scored like every
+candidate (Eq. 7 on the same calibration examples, by the same replicas). The best factor is
+the one with the most right answers; at equal fitness the smaller, gentler one.
+
+Racing is exact here too: factors are scored in ascending order, a chunk of examples at a
+time, and a factor is dropped once its right answers plus every example left cannot pass
+the best found so far (a tie would go to the smaller factor, which was scored first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TypedDict
+
+from lpes.errors import LpesError
+from lpes.spec import STOCK_ROPE_TYPES, StockRope
+
+NONE = "none"
+
+
+class BaselineResult(TypedDict):
+    """One stock type's best factor, as provenance.search.stock_baselines records it."""
+
+    rope_type: str
+    factor: float
+    fitness: float
+    factors_scanned: list[float]
+    tokens: int
+
+
+def parse_baselines(text: str) -> tuple[str, ...]:
+    """`yarn,dynamic` -> ("yarn", "dynamic"); `none` -> (); unknown names fail with the known ones."""
+    if text.strip() == NONE:
+        return ()
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    for name in names:
+        if name not in STOCK_ROPE_TYPES:
+            raise LpesError(f"--baselines: unknown RoPE type {name!r} (known: {', '.join(STOCK_ROPE_TYPES)}, "
+                            f"or {NONE})")
+    if len(set(names)) != len(names) or not names:
+        raise LpesError(f"--baselines {text!r}: name each type once, comma-separated, or pass {NONE}")
+    return names
+
+
+def scan_stock_baselines(evaluator, rope_types: Sequence[str], grid: Sequence[float], chunk: int,
+                         progress: bool = True) -> list[BaselineResult]:
+    """Each of `rope_types` at its best factor among `grid`'s values >= 1, on the evaluator's examples."""
+    from tqdm.auto import tqdm
+
+    factors = sorted(f for f in grid if f >= 1.0)
+    if not factors or not rope_types:
+        return []
+    results = []
+    bar = tqdm(total=len(factors) * len(rope_types), desc="stock baselines", unit="factor", disable=not progress)
+    for rope_type in rope_types:
+        tokens_before = evaluator.forward_tokens
+        best_factor, best_correct = factors[0], -1
+        for factor in factors:
+            bar.set_postfix_str(StockRope(rope_type, factor).name)
+            correct = _race(evaluator, StockRope(rope_type, factor), best_correct, chunk)
+            if correct is not None and correct > best_correct:
+                best_factor, best_correct = factor, correct
+            bar.update()
+        results.append(BaselineResult(rope_type=rope_type, factor=best_factor,
+                                      fitness=best_correct / evaluator.num_examples, factors_scanned=factors,
+                                      tokens=evaluator.forward_tokens - tokens_before))
+    bar.close()
+    return results
+
+
+def _race(evaluator, rope: StockRope, to_beat: int, chunk: int) -> int | None:
+    """Right answers of `rope` on every example, or None once it cannot pass `to_beat`."""
+    total, correct, done = evaluator.num_examples, 0, 0
+    while done < total:
+        if correct + total - done <= to_beat:
+            return None
+        ids = list(range(done, min(done + chunk, total)))
+        correct += sum(evaluator.correct(rope, ids))
+        done += len(ids)
+    return correct
+
+
+def describe(results: list[BaselineResult]) -> str:
+    """One line for the log: each type's best factor and calibration fitness."""
+    return "; ".join(f"{StockRope(r['rope_type'], r['factor']).name} best on calibration ({r['fitness']:.3f})"
+                     for r in results)
