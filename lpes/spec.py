@@ -429,24 +429,24 @@ def _check_provenance(provenance: Any) -> dict[str, Any]:
 
 
 def _check_stock_baselines(entries: Any) -> None:
-    where = "spec: 'provenance.search.stock_baselines'"
+    where = "provenance.search.stock_baselines"
     if entries is None:
         return
     if not isinstance(entries, list):
-        raise LpesError(f"{where} must be a list, got {_type_name(entries)}")
+        raise LpesError(f"spec: '{where}' must be a list, got {_type_name(entries)}")
     seen = set()
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict):
-            raise LpesError(f"{where}[{i}] must be an object, got {_type_name(entry)}")
+            raise LpesError(f"spec: '{where}[{i}]' must be an object, got {_type_name(entry)}")
         rope_type, factor = entry.get("rope_type"), entry.get("factor")
         if not isinstance(rope_type, str) or rope_type not in STOCK_ROPE_TYPES:
-            raise LpesError(f"{where}[{i}].rope_type must be one of {', '.join(STOCK_ROPE_TYPES)}, "
+            raise LpesError(f"spec: '{where}[{i}].rope_type' must be one of {', '.join(STOCK_ROPE_TYPES)}, "
                             f"got {_show(rope_type)}")
         if rope_type in seen:
-            raise LpesError(f"{where}[{i}]: {rope_type!r} appears twice")
+            raise LpesError(f"spec: '{where}[{i}]': {rope_type!r} appears twice")
         seen.add(rope_type)
         if not _is_number(factor) or not 1 <= factor <= MAX_SCALE:
-            raise LpesError(f"{where}[{i}].factor must be a number in [1, {MAX_SCALE:g}], got {_show(factor)}")
+            raise LpesError(f"spec: '{where}[{i}].factor' must be a number in [1, {MAX_SCALE:g}], got {_show(factor)}")
 
 
 def _check_scales_match_curve(scales: tuple[float, ...], curve: Curve) -> None:

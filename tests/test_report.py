@@ -16,7 +16,7 @@ from lpes.converter.loading import resolve_model
 from lpes.converter.reference import apply
 from lpes.errors import LpesError
 from lpes.exporters import targets
-from lpes.spec import Spec
+from lpes.spec import Spec, StockRope
 from lpes.validation import report, scoring
 from lpes.validation.examples import Example
 
@@ -177,6 +177,61 @@ def test_export_that_cannot_run_here_is_skipped(conversion, monkeypatch):
     assert tensorrt.status == "skipped" and "tensorrt" in tensorrt.note.lower() and tensorrt.scores is None
     assert result.passed
     assert "| tensorrt | - | - | - | - | skipped: " in result.markdown()
+
+
+def test_baselines_are_scored_as_transformers_runs_them_and_a_better_one_is_said(tmp_path):
+    """Each recorded baseline's verdicts are those of a model whose config.json sets it (plain transformers,
+    plain greedy, a fresh load per prompt for dynamic NTK), past the trained length."""
+    model_dir = tiny_model_dir("llama", tmp_path, max_position_embeddings=16)
+    rng = random.Random(1)
+    prompts = [" ".join(rng.choice(WORDS) for _ in range(rng.randrange(20, 40))) for _ in range(6)]
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    yarn = StockRope("yarn", 2.0)
+
+    def answers(model_for):
+        return [tokenizer.decode(plain_greedy(model_for(), scoring.encode_prompt(tokenizer, p), 2)) for p in prompts]
+
+    def stock_model(rope_type, factor):
+        model = AutoModelForCausalLM.from_pretrained(model_dir)
+        written = {"rope_type": rope_type, "rope_theta": 10000.0, "factor": factor}
+        if rope_type == "yarn":
+            written["original_max_position_embeddings"] = 16
+        model.config.rope_parameters = written
+        folder = tmp_path / f"{rope_type}-{factor}"
+        model.save_pretrained(folder)
+        return lambda: AutoModelForCausalLM.from_pretrained(folder).eval()
+
+    by_yarn = answers(stock_model("yarn", 2.0))
+    by_dynamic = answers(stock_model("dynamic", 3.0))
+    # The answers are what YaRN says: it answers all, the others fewer (unless they happen to say the same).
+    examples = [Example(p, a, gold_index=i % 2, num_pairs=2) for i, (p, a) in enumerate(zip(prompts, by_yarn))]
+    provenance = {"search": {"stock_baselines": [{"rope_type": "yarn", "factor": 2.0},
+                                                 {"rope_type": "dynamic", "factor": 3.0}]}}
+    spec = Spec.from_scales([4.0, 1.0, 0.5], provenance)
+    out = tmp_path / "out"
+    out.mkdir()
+    result = report.validate(model_dir, out, spec, examples, batch_size=3, variants=[], progress=False)
+    assert [v.name for v in result.variants] == ["unscaled", yarn.name, "dynamic NTK f=3", "reference"]
+    assert [r.correct for r in result.variant(yarn.name).scores.results] == [True] * 6
+    dynamic = result.variant("dynamic NTK f=3")
+    assert [r.generated for r in dynamic.scores.results] == by_dynamic
+    assert "one example at a time" in dynamic.note and dynamic.baseline
+    assert result.beaten().startswith("YaRN f=2") and "**Note**: YaRN f=2" in result.markdown()
+    assert json.loads((out / "validation.json").read_text())["beaten"] == result.beaten()
+    assert result.measured().stock[0][0] == yarn.name
+
+
+def test_a_baseline_the_model_cannot_take_is_skipped_with_the_reason(conversion, tmp_path):
+    model_dir, _, examples, _ = conversion
+    linear = tiny_model_dir("llama", tmp_path,
+                            rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0})
+    spec = Spec.from_scales(list(SPEC.scales), {"search": {"stock_baselines": [{"rope_type": "yarn", "factor": 2}]}})
+    out = tmp_path / "out"
+    out.mkdir()
+    result = report.validate(linear, out, spec, examples[:3], variants=[], progress=False)
+    skipped = result.variant("YaRN f=2")
+    assert skipped.status == "skipped" and "its own RoPE is 'linear'" in skipped.note
+    assert result.passed  # a baseline that cannot run is no failure of the conversion
 
 
 def test_unknown_variant_and_missing_spec_are_user_errors(conversion, tmp_path):

@@ -44,8 +44,9 @@ def single_process(tmp_path_factory):
 
 def result(spec: Spec) -> tuple:
     search_record = spec.provenance["search"]
+    baselines = [(b["rope_type"], b["factor"], b["fitness"]) for b in search_record["stock_baselines"]]
     return (spec.scales, spec.curve, [h["best"] for h in search_record["history"]], search_record["fitness"],
-            spec.provenance["held_out"])
+            spec.provenance["held_out"], baselines)
 
 
 def test_two_ray_replicas_give_the_single_process_result(cluster, single_process, tmp_path, capsys):
