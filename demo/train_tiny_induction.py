@@ -32,7 +32,7 @@ import torch
 from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 from lpes.converter import reference
-from lpes.spec import Spec
+from lpes.spec import Spec, StockRope
 from lpes.validation import scoring
 from lpes.validation import tiny_induction as task
 
@@ -49,6 +49,8 @@ EVAL_SCALES = (
     (1, 1, 1, 1), (1.25, 1.25, 1.25, 1.25), (1.5, 1.5, 1.5, 1.5), (2, 2, 2, 2), (4, 4, 4, 4),
     (1, 2, 2, 2), (1, 4, 4, 4), (1, 4, 1, 1), (4, 1, 1, 1),
 )
+# The stock length-extension RoPE types every runtime has, the same in every layer (rows after the scales).
+EVAL_STOCK = (StockRope("yarn", 2.0), StockRope("yarn", 4.0), StockRope("dynamic", 2.0), StockRope("dynamic", 4.0))
 EVAL_SEED = 1000  # not a seed that lpes-search or lpes-validate derive from the task's seed (0 and 1)
 
 
@@ -245,13 +247,18 @@ per-layer RoPE scaling beats every uniform scale. It was trained only up to {TRA
 """
 
 
-def accuracy_by_gold(model: LlamaForCausalLM, tokenizer, scales: list[float], length: int, per_index: int,
-                     seed: int, decoys: int = task.DECOYS) -> dict[int, float]:
-    """Teacher-forced accuracy of the answer token (lpes's own scoring) with per-layer scales, by gold index."""
-    reference.apply(model, Spec.from_scales(scales))
+def accuracy_by_gold(model: LlamaForCausalLM, tokenizer, scales: list[float] | StockRope, length: int,
+                     per_index: int, seed: int, decoys: int = task.DECOYS) -> dict[int, float]:
+    """Teacher-forced accuracy of the answer token (lpes's own scoring) by gold index, with per-layer scales
+    or a stock RoPE type in every layer."""
+    if isinstance(scales, StockRope):
+        reference.use_stock_rope(model, scales)
+    else:
+        reference.apply(model, Spec.from_scales(scales))
     examples = task.make_examples(TASK_DEFAULTS["num_pairs"], length, TASK_DEFAULTS["gold_indices"], per_index, seed,
                                   decoys)
-    scores = scoring.teacher_forced_correct(model, tokenizer, examples, batch_size=25)
+    one_at_a_time = isinstance(scales, StockRope) and scales.length_dependent
+    scores = scoring.teacher_forced_correct(model, tokenizer, examples, batch_size=1 if one_at_a_time else 25)
     return scores.accuracy_by_gold_index()
 
 
@@ -263,10 +270,12 @@ def evaluate(folder: Path, per_index: int) -> str:
     header = "| length | scales | " + " | ".join(f"gold {g}" for g in gold_indices) + " | mean |"
     lines = [header, "|" + "---|" * (len(gold_indices) + 3)]
     for length in EVAL_LENGTHS:
-        for scales in EVAL_SCALES:
-            acc = accuracy_by_gold(model, tokenizer, [float(s) for s in scales], length, per_index, EVAL_SEED)
+        for scales in [[float(s) for s in vector] for vector in EVAL_SCALES] + list(EVAL_STOCK):
+            acc = accuracy_by_gold(model, tokenizer, scales, length, per_index, EVAL_SEED)
             cells = " | ".join(f"{acc[g]:.2f}" for g in gold_indices)
-            lines.append(f"| {length} | {', '.join(map(str, scales))} | {cells} | {sum(acc.values()) / len(acc):.3f} |")
+            stock = isinstance(scales, StockRope)
+            shown = f"{scales.name} (every layer)" if stock else ", ".join(f"{s:g}" for s in scales)
+            lines.append(f"| {length} | {shown} | {cells} | {sum(acc.values()) / len(acc):.3f} |")
             print(lines[-1], flush=True)
     return "\n".join(lines)
 
@@ -279,7 +288,9 @@ def write_report(path: Path, table: str, args: argparse.Namespace, wall_s: float
         f"Command: `{command}`\n\n{timing}"
         f"Teacher-forced accuracy of the answer token (lpes.validation.scoring), {TASK_DEFAULTS['num_pairs']} "
         f"facts, {args.eval_examples} examples per gold index and cell (seed {EVAL_SEED}); scales are per layer "
-        f"(layer 0 first), applied with lpes.converter.reference. Trained up to {TRAIN_LENGTH} positions.\n\n"
+        f"(layer 0 first), applied with lpes.converter.reference; the rows named YaRN and dynamic NTK put every "
+        f"layer on that stock RoPE type (transformers' own, lpes.converter.reference.use_stock_rope). Trained up "
+        f"to {TRAIN_LENGTH} positions.\n\n"
         f"{table}\n"
     )
 

@@ -40,8 +40,8 @@ Exit status: 0 ok, 1 validation failed (report printed), 2 bad input.
 """
 
 EXAMPLES_VALIDATE = """\
-examples:
-  lpes-validate demo-out/lpes-tiny-kv-lpes
+examples (make demo writes the first folder, README's first commands the second):
+  lpes-validate demo-out/lpes-tiny-induction-lpes
   lpes-validate demo-out/lpes-tiny-kv-lpes --data tiny-kv:examples=4,length=2048
   lpes-validate llama-lpes --model meta-llama/Llama-3.2-1B --data kv:pairs=75,examples=10
   lpes-validate llama-lpes --data kv-retrieval-75_keys.jsonl.gz

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lpes.files import save_atomic
-from lpes.spec import Spec
+from lpes.spec import Spec, StockRope
 
 if TYPE_CHECKING:
     from lpes.validation.report import ValidationReport, VariantResult
@@ -117,11 +117,12 @@ def _draw_control_points(ax, points: Sequence[Sequence[float]]) -> None:
 
 
 def plot_fitness(history: list[dict], path: Path, *, uniform: dict | None = None, examples: int | None = None,
-                 model: str | None = None) -> Path:
+                 model: str | None = None, stock: Sequence[dict] = ()) -> Path:
     """Calibration accuracy per generation (parents' best, fully scored children's mean), and the work done.
 
     `uniform` is the search's uniform scan ({"scale", "fitness"}), drawn as the baseline the
-    search starts from; `examples` the calibration set's size, for the title.
+    search starts from; `stock` the stock RoPE baselines ({"rope_type", "factor", "fitness"}),
+    each drawn at its best factor; `examples` the calibration set's size, for the title.
     """
     plt = _pyplot()
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5.6), dpi=100, sharex=True,
@@ -131,6 +132,10 @@ def plot_fitness(history: list[dict], path: Path, *, uniform: dict | None = None
         # A wide pale band: still visible where the best parent sits exactly on it.
         top.axhline(uniform["fitness"], color="C1", linewidth=6, alpha=0.3,
                     label=f"best uniform scale s = {uniform['scale']:g} (generation 0 starts from it)")
+    for k, baseline in enumerate(stock):
+        name = StockRope(baseline["rope_type"], baseline["factor"]).name
+        top.axhline(baseline["fitness"], color=f"C{8 + k % 2}", linestyle=(0, (5, 2 + 2 * k)), linewidth=1.5,
+                    label=f"{name} (stock RoPE, its best factor)")
     top.plot(generations, [h["best"] for h in history], "o-", color="C0", zorder=3,
              label="best parent (the curve kept so far)")
     means = [(h["generation"], h["mean_scored"]) for h in history if h["mean_scored"] is not None]

@@ -21,7 +21,7 @@ from lpes.search.fitness import METHODS, ModelEvaluator, UsageMeter
 from lpes.search.ga import GASettings, GeneticSearch, SearchState
 from lpes.search.genome import ScaleGrid, SearchSpace
 from lpes.search.replicas import ReplicaPool, check_replica_options, open_pool
-from lpes.spec import Spec, dump_spec, write_text_atomic
+from lpes.spec import Spec, StockRope, dump_spec, write_text_atomic
 
 TIES = ("gentle", "first")
 DTYPE_CHOICES = ("auto", "float32", "float16", "bfloat16")
@@ -199,6 +199,11 @@ def search(model: str, out: str | Path, options: SearchOptions = SearchOptions()
     checkpoint.unlink(missing_ok=True)
     print(f"lpes-search: wrote {out} in {time.time() - started:.0f}s (fitness {state.parents[0].fitness:.3f}, "
           f"held-out {held_out['unscaled']:.3f} -> {held_out['lpes']:.3f})", file=sys.stderr)
+    better = [b for b in baselines if b["fitness"] > state.parents[0].fitness]
+    if better:
+        names = ", ".join(f"{StockRope(b['rope_type'], b['factor']).name} ({b['fitness']:.3f})" for b in better)
+        print(f"lpes-search: on calibration {names} scored above the curve: lpes-validate shows them on "
+              "held-out examples", file=sys.stderr)
     return spec
 
 
@@ -288,7 +293,8 @@ def _write_outputs(spec: Spec, state: SearchState, out: Path) -> None:
     dump_spec(spec, out)
     plot_curve(spec, out.with_name(out.stem + "_curve.png"), title="LPES curve found by lpes-search")
     plot_fitness(state.history, out.with_name(out.stem + "_fitness.png"), uniform=state.uniform,
-                 examples=len(state.failures), model=spec.base_model)  # failures: one count per example
+                 examples=len(state.failures), model=spec.base_model,  # failures: one count per example
+                 stock=spec.provenance["search"]["stock_baselines"])
 
 
 class _Reporter:

@@ -447,15 +447,6 @@ def _device(device: str | None):
     return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
-def _load_tokenizer(model_path: Path):
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(model_path, trust_remote_code=False)
-    except (OSError, ValueError) as err:
-        raise LpesError(f"cannot load the tokenizer of {model_path}: {str(err).splitlines()[0]}") from None
-
-
 # ---- files ----
 
 
