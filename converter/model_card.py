@@ -150,8 +150,8 @@ def _finding_text(m: Measured, uniform_scale: float | None) -> str:
             f"({_pct(m.lpes.by_gold_index[far])}).")
     if m.uniform is not None and uniform_scale is not None:
         uniform = m.uniform.overall
-        text += (f" The baseline a per-layer curve has to beat is one scale for every layer: the best, s = "
-                 f"{uniform_scale:g}, found by the same search, answers {_pct(uniform)}. ")
+        text += (f" The first baseline a per-layer curve has to beat is one linear scale for every layer: the "
+                 f"best, s = {uniform_scale:g}, found by the same search, answers {_pct(uniform)}. ")
         text += _verdict(lpes, uniform, m.examples)
     text += _stock_text(m)
     if lpes < unscaled:

@@ -68,7 +68,8 @@ def report_with(correct: dict[str, list[bool]], gold: list[int]) -> ValidationRe
     variants = []
     for name, verdicts in correct.items():
         results = tuple(scoring.ExampleResult(i, gold[i], "a1" if ok else "a0", ok) for i, ok in enumerate(verdicts))
-        variants.append(VariantResult(name, "ok", scoring.Scores(results, 0)))
+        baseline = name not in (UNSCALED, REFERENCE)
+        variants.append(VariantResult(name, "ok", scoring.Scores(results, 0), baseline=baseline))
     return ValidationReport(BUNDLED, examples, variants, None, prompt_tokens=[1024] * len(gold))
 
 
@@ -104,3 +105,17 @@ def test_card_says_when_the_curve_beats_or_trails_the_baseline():
                           REFERENCE: [True, True, False, True]}, GOLD)
     text = card_for(trails, 2.0)
     assert "25.0 points below it" in text and "worse than it was unscaled" in text
+
+
+def test_card_and_report_say_when_a_stock_rope_type_beats_the_curve():
+    better = report_with({UNSCALED: [False] * 4, f"{UNIFORM} s=2": [True, False, False, True],
+                          "YaRN f=2.5": [True] * 4, "dynamic NTK f=4": [True, True, False, True],
+                          REFERENCE: [True, True, False, True]}, GOLD)
+    card = card_for(better, 2.0)
+    assert "each at its best factor on the calibration prompts: YaRN f=2.5 100%, dynamic NTK f=4 75%" in card
+    assert "**YaRN f=2.5 beats the per-layer curve here** (100% vs 75%)" in card
+    assert better.beaten().startswith("YaRN f=2.5 answers more examples than the LPES curve")
+    assert "dynamic NTK f=4 answer" not in better.beaten()  # a tie is not "more"
+    tie = report_with({UNSCALED: [False] * 4, "YaRN f=2.5": [True, True, False, True],
+                       REFERENCE: [True, True, False, True]}, GOLD)
+    assert "beats the per-layer curve" not in card_for(tie, 2.0) and tie.beaten() is None
