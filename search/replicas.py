@@ -15,7 +15,8 @@ Only scoring is distributed. The genetic search, racing and checkpoints stay in 
 and a verdict depends only on (candidate, example), so the search ends with the same result
 whatever the pool, the number of replicas, or the faults on the way. (Exactly so in float32 on
 the CPU, tested; in bfloat16 on GPUs, batches of another size may round differently and flip
-an answer decided by a near-tie.) A replacement actor waits until the cluster has room for it.
+an answer decided by a near-tie.) A replacement actor waits up to REPLACEMENT_WAIT_S for room on the
+cluster, then the search stops with its checkpoint (the same command resumes).
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ Candidate = tuple[float, ...] | StockRope
 RAY_INSTALL = "--ray needs Ray: pip install 'lpes[ray]' (Ray 2.60 or later)"
 # A batch whose replica dies this many times in a row is a fault of the batch or the cluster, not bad luck.
 MAX_ATTEMPTS = 3
+# A replacement for a dead replica waits this long for room (its predecessor's resources, normally freed
+# at once); longer means another job took them, and the search stops instead of hanging.
+REPLACEMENT_WAIT_S = 600.0
 
 
 class ReplicaLayout(TypedDict):
@@ -322,7 +326,7 @@ class RayPool:
         self._run = uuid.uuid4().hex[:8]  # names this search's actors in `ray list actors`
         self.replaced = 0
         self._actors = [self._new_actor(slot) for slot in range(count)]
-        infos = self._ready(self._actors)
+        infos = wait_ready(ray, self._actors)
         self.size = count
         self.layout = ReplicaLayout(backend="ray", replicas=count, gpus_per_replica=gpus_per_replica if on_gpus else 0,
                                     devices=[info["devices"] for info in infos])
@@ -396,20 +400,26 @@ class RayPool:
         self.replaced += 1
         actor = self._new_actor(slot)
         self._actors[slot] = actor
-        self._ready([actor])
+        wait_ready(self._ray, [actor], timeout=REPLACEMENT_WAIT_S)
         self._pool.push(actor)
         print(f"lpes-search: replica {slot} died ({type(err).__name__}); a new one scores its batch again",
               file=sys.stderr)
 
-    def _ready(self, actors: list) -> list[dict]:
-        """Wait for `actors` to load their model; a load that fails says why, in one line."""
-        from ray.exceptions import RayActorError, RayTaskError
 
-        try:
-            return self._ray.get([a.info.remote() for a in actors])
-        except (RayActorError, RayTaskError) as err:
-            why = next((line for line in str(err).splitlines() if "Error" in line), type(err).__name__)
-            raise LpesError(f"a Ray replica could not start: {why.strip()[:300]}") from None
+def wait_ready(ray, actors: list, timeout: float | None = None) -> list[dict]:
+    """Wait for `actors` to load their model; one that fails, or finds no room in `timeout` s, says why in one line."""
+    from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+    try:
+        return ray.get([a.info.remote() for a in actors], timeout=timeout)
+    except GetTimeoutError:
+        for actor in actors:
+            ray.kill(actor)
+        raise LpesError(f"a Ray replica found no room on the cluster within {timeout:g} s (`ray status` shows what "
+                        "holds it); the search is checkpointed: run the same command again to resume") from None
+    except (RayActorError, RayTaskError) as err:
+        why = next((line for line in str(err).splitlines() if "Error" in line), type(err).__name__)
+        raise LpesError(f"a Ray replica could not start: {why.strip()[:300]}") from None
 
 
 def import_ray():

@@ -18,7 +18,7 @@ from lpes.converter.loading import load_config, load_model, resolve_model
 from lpes.converter.reference import apply
 from lpes.errors import LpesError
 from lpes.search import ga as ga_module
-from lpes.search.replicas import RAY_INSTALL, device_groups, plan_device_map
+from lpes.search.replicas import RAY_INSTALL, device_groups, plan_device_map, wait_ready
 from lpes.search.run import SearchOptions, search
 from lpes.spec import Spec
 
@@ -171,3 +171,14 @@ def test_layouts_that_cannot_run_exit_2_in_one_line(tmp_path, capsys, extra, mes
     assert search_main(["lpes-tiny-kv", "--out", str(tmp_path / "best.json"), *extra]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
+
+
+def test_a_replica_that_finds_no_room_stops_in_one_line_instead_of_hanging(cluster):
+    """What a replacement meets when another job took its predecessor's CPUs: a real actor Ray cannot place."""
+    @ray.remote(num_cpus=64)
+    class Unplaceable:
+        def info(self):
+            return {}
+
+    with pytest.raises(LpesError, match="found no room on the cluster within 1 s .* run the same command again"):
+        wait_ready(ray, [Unplaceable.remote()], timeout=1)
