@@ -37,6 +37,8 @@ def parse_baselines(text: str) -> tuple[str, ...]:
     if text.strip() == NONE:
         return ()
     names = tuple(name.strip() for name in text.split(",") if name.strip())
+    if NONE in names:
+        raise LpesError(f"--baselines {text!r}: {NONE} stands alone (it skips the scan)")
     for name in names:
         if name not in STOCK_ROPE_TYPES:
             raise LpesError(f"--baselines: unknown RoPE type {name!r} (known: {', '.join(STOCK_ROPE_TYPES)}, "

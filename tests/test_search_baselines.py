@@ -72,7 +72,7 @@ def test_baselines_flag(text, expected):
 
 
 @pytest.mark.parametrize("text, message", [("yarn,ntk", "unknown RoPE type 'ntk'"), ("yarn,yarn", "once"),
-                                           (",", "once")])
+                                           (",", "once"), ("none,yarn", "none stands alone")])
 def test_baselines_flag_typos(text, message):
     with pytest.raises(LpesError, match=message):
         parse_baselines(text)
