@@ -43,6 +43,10 @@ class Row:
 
 
 ROWS = [
+    # --baselines: a typo, or none mixed with types
+    Row("baselines-typo", (*SEARCH, "--baselines", "yarm"), "unknown RoPE type 'yarm' (known: yarn, dynamic, or none)",
+        "new"),
+    Row("baselines-none-and-yarn", (*SEARCH, "--baselines", "none,yarn"), "none stands alone", "new"),
     # --scale-grid: non-finite or far too many values
     Row("grid-inf", (*SEARCH, "--scale-grid", "1:inf:0.5"), "must be finite numbers", "new"),
     Row("grid-nan", (*SEARCH, "--scale-grid", "1:2:nan"), "must be finite numbers", "new"),
