@@ -44,6 +44,8 @@ def apply(model: nn.Module, spec: Spec) -> nn.Module:
 
 def stock_rope_unsupported(config, rope_type: str) -> str | None:
     """Why the stock `rope_type` cannot stand in for this model's RoPE; None when it can."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
     own = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
     if architecture_for(config).per_layer_type_rope:
         return f"{config.model_type} has one RoPE per layer type; the stock baselines are for a single RoPE"
@@ -52,9 +54,13 @@ def stock_rope_unsupported(config, rope_type: str) -> str | None:
     if not getattr(config, "max_position_embeddings", None):
         return "its config gives no max_position_embeddings, the length the stock types extend"
     try:
-        _stock_config(config, StockRope(rope_type, 2.0))  # the factor does not decide whether the type is taken
+        stock = _stock_config(config, StockRope(rope_type, 2.0))  # the factor does not decide whether it is taken
     except (ValueError, TypeError, KeyError, StrictDataclassError) as err:  # the config class's own validation
         return f"transformers' {type(config).__name__} refuses rope_type {rope_type!r} ({_first_line(err)})"
+    try:  # what the rotary module will compute, past the trained length (a head of 2 rotated dims breaks NTK)
+        ROPE_INIT_FUNCTIONS[rope_type](stock, "cpu", seq_len=2 * config.max_position_embeddings)
+    except (ArithmeticError, ValueError, TypeError, KeyError) as err:
+        return f"transformers' {rope_type} RoPE fails on this config ({type(err).__name__}: {_first_line(err)})"
     return None
 
 
@@ -95,6 +101,8 @@ def use_stock_rope(model: nn.Module, rope: StockRope | None) -> nn.Module:
 def _stock_config(config, rope: StockRope):
     stock = copy.deepcopy(config)
     stock.rope_parameters = baseline_rope_parameters(config, rope)
+    if getattr(stock, "head_dim", 0) is None:  # Mixtral's config says None; transformers' yarn/dynamic read it as is
+        stock.head_dim = config.hidden_size // config.num_attention_heads
     stock.validate()  # transformers' own checks, as when a config.json with them is loaded
     return stock
 
