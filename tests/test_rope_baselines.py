@@ -38,7 +38,7 @@ def _with_rope_in_config(folder, tmp_path, rope: StockRope):
         written["partial_rotary_factor"] = own["partial_rotary_factor"]
     assert baseline_rope_parameters(model.config, rope) == written
     model.config.rope_parameters = written
-    if getattr(model.config, "head_dim", 0) is None:  # Mixtral: transformers' yarn/dynamic need it written out, as a user would
+    if getattr(model.config, "head_dim", 0) is None:  # Mixtral: yarn/dynamic need it written out, as a user would
         model.config.head_dim = model.config.hidden_size // model.config.num_attention_heads
     model.save_pretrained(out)
     assert json.loads((out / "config.json").read_text())["rope_parameters"]["rope_type"] == rope.rope_type
