@@ -56,11 +56,11 @@ def stock_rope_unsupported(config, rope_type: str) -> str | None:
     try:
         stock = _stock_config(config, StockRope(rope_type, 2.0))  # the factor does not decide whether it is taken
     except (ValueError, TypeError, KeyError, StrictDataclassError) as err:  # the config class's own validation
-        return f"transformers' {type(config).__name__} refuses rope_type {rope_type!r} ({_first_line(err)})"
+        return f"transformers' {type(config).__name__} refuses rope_type {rope_type!r} ({_last_line(err)})"
     try:  # what the rotary module will compute, past the trained length (a head of 2 rotated dims breaks NTK)
         ROPE_INIT_FUNCTIONS[rope_type](stock, "cpu", seq_len=2 * config.max_position_embeddings)
     except (ArithmeticError, ValueError, TypeError, KeyError) as err:
-        return f"transformers' {rope_type} RoPE fails on this config ({type(err).__name__}: {_first_line(err)})"
+        return f"transformers' {rope_type} RoPE fails on this config ({type(err).__name__}: {_last_line(err)})"
     return None
 
 
@@ -107,7 +107,8 @@ def _stock_config(config, rope: StockRope):
     return stock
 
 
-def _first_line(err: BaseException) -> str:
+def _last_line(err: BaseException) -> str:
+    """The error's last non-empty line (a StrictDataclassError ends with the cause), cut short."""
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     return (lines[-1] if lines else type(err).__name__)[:200]
 
