@@ -11,12 +11,15 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import sys
 from importlib.resources import files
 from pathlib import Path
 
 import torch
 
 from lpes.converter.architectures import architecture_for
+from lpes.converter.real_models import is_real_model, licence_line, real_model_folder
 from lpes.errors import LpesError
 from lpes.files import read_json_object
 
@@ -47,7 +50,8 @@ def bundled_models() -> dict[str, Path]:
 def model_label(name: str) -> str:
     """How published files name the model: a Hub id or bundled name as given, a local folder by its name only."""
     path = Path(name).expanduser()
-    return name if name in bundled_models() or not path.exists() else path.resolve().name
+    known = name in bundled_models() or is_real_model(name)
+    return name if known or not path.exists() else path.resolve().name
 
 
 def resolve_model(name: str | os.PathLike) -> Path:
@@ -55,6 +59,9 @@ def resolve_model(name: str | os.PathLike) -> Path:
     name = str(name)
     if name in bundled_models():
         return check_model_folder(bundled_models()[name])
+    if is_real_model(name) and not Path(name).exists():
+        print(licence_line(name), file=sys.stderr)
+        return check_model_folder(real_model_folder(name))
     path = Path(name).expanduser()
     if path.exists():
         return check_model_folder(path)
@@ -71,8 +78,60 @@ def check_model_folder(path: Path) -> Path:
         raise LpesError(f"cannot read the model folder {path} (permission denied)")
     if not (path / "config.json").is_file():
         raise LpesError(f"{path} is not a Hugging Face model folder (no config.json)")
+    check_folder_files(path)
     check_weights(path)
+    check_weights_match(path, load_config(path))
     return path
+
+
+def check_folder_files(folder: Path) -> None:
+    """What lpes reads or copies from `folder` besides the weights: its own files, no custom tokenizer code,
+    a readable generation_config.json, no quantization (lpes converts plain checkpoints)."""
+    for entry in sorted(folder.iterdir()):
+        if entry.is_symlink() and not inside_folder(folder, entry):
+            raise LpesError(f"{entry} is a symbolic link to {os.readlink(entry)[:120]}, outside the model folder; "
+                            "lpes reads and copies only the folder's own files (copy it in with cp -L)")
+    tokenizer_config = folder / "tokenizer_config.json"
+    if tokenizer_config.is_file() and read_json_object(tokenizer_config).get("auto_map"):
+        raise LpesError(f"{tokenizer_config} holds custom tokenizer code (auto_map); lpes runs no code from a model "
+                        "folder: remove auto_map if the tokenizer is a built-in one")
+    read_generation_config(folder)
+    quantization = read_json_object(folder / "config.json").get("quantization_config")
+    if quantization:
+        method = quantization.get("quant_method") if isinstance(quantization, dict) else None
+        raise LpesError(f"{folder / 'config.json'} holds a quantization_config ({str(method)[:40]}); lpes converts "
+                        "unquantized checkpoints only (float32, float16 or bfloat16 weights)")
+
+
+def inside_folder(folder: Path, path: Path) -> bool:
+    """Whether `path`, its symbolic links followed, is inside `folder`: or in Hugging Face's cache, where
+    snapshots/REVISION/NAME links to ../../blobs/HASH."""
+    root, real = os.path.realpath(folder), os.path.realpath(path)
+    if real == root or real.startswith(root.rstrip(os.sep) + os.sep):
+        return True
+    snapshots = Path(root).parent
+    blobs = str(snapshots.parent / "blobs")
+    return snapshots.name == "snapshots" and real.startswith(blobs + os.sep)
+
+
+# generation_config.json fields that name token ids: an int, a list of ints, or null.
+_TOKEN_ID_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
+
+
+def read_generation_config(folder: Path) -> dict:
+    """`folder`'s generation_config.json ({} when there is none); LpesError (one line) when it is not
+    a JSON object or a token id field is not an id or a list of ids."""
+    path = Path(folder) / "generation_config.json"
+    if not path.exists() and not path.is_symlink():
+        return {}
+    data = read_json_object(path)
+    for name in _TOKEN_ID_FIELDS:
+        value = data.get(name)
+        ids = value if isinstance(value, list) else [value]
+        if value is not None and not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 2**31
+                                         for i in ids):
+            raise LpesError(f"{path}: {name!r} must be a token id or a list of them, got {str(value)[:40]}")
+    return data
 
 
 def check_weights(folder: Path) -> list[Path]:
@@ -87,9 +146,99 @@ def check_weights(folder: Path) -> list[Path]:
         shards = [folder / SAFETENSORS]
     else:
         raise LpesError(_no_weights(folder))
+    for shard in [*shards, folder / SAFETENSORS_INDEX]:
+        if shard.is_symlink() and not inside_folder(folder, shard):
+            raise LpesError(f"{shard} is a symbolic link to {os.readlink(shard)[:120]}, outside the model folder; "
+                            "lpes links or copies the weights into its output and refuses files from elsewhere "
+                            "(copy it in with cp -L)")
     for shard in shards:
         _check_safetensors_header(shard)
     return shards
+
+
+# What a checkpoint may hold for a floating-point parameter: float dtypes (transformers casts them).
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
+# Checkpoint tensors transformers ignores on load (older Llama checkpoints saved the rotary inv_freq).
+_IGNORED_EXTRA = (re.compile(r"(^|\.)rotary_emb\.inv_freq$"),)
+
+
+def check_weights_match(folder: Path, config) -> None:
+    """Every tensor of the model that `config` describes is in `folder`'s safetensors, with its shape and a float
+    dtype, and nothing else is there; else LpesError naming the tensor. Headers only: the model is built on
+    the meta device (no memory) and no tensor is read. Tied weights may be absent, as may persistent buffers.
+    """
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+    except Exception:  # noqa: BLE001 - a config transformers cannot build is reported where it is used
+        return
+    expected = model.state_dict()
+    may_be_absent = {name for name, _ in model.named_buffers()}
+    if getattr(config.get_text_config(), "tie_word_embeddings", False):
+        may_be_absent.update(getattr(model, "_tied_weights_keys", None) or {})
+    ignored = [*_IGNORED_EXTRA, *(re.compile(p) for p in getattr(model, "_keys_to_ignore_on_load_unexpected", None)
+                                  or ())]
+    rename = _checkpoint_renamer(model, expected)
+    found: set[str] = set()
+    what = f"{type(model).__name__} as {folder / 'config.json'} describes it"
+    for shard, name, shape, dtype in _header_tensors(folder):
+        target, converted = rename(name)
+        if target not in expected:
+            if any(p.search(name) for p in ignored):
+                continue
+            raise LpesError(f"{shard}: tensor {name[:120]!r} is not a weight of {what}; is config.json the one "
+                            "for these weights?")
+        found.add(target)
+        param = expected[target]
+        if param.is_floating_point() and dtype not in FLOAT_DTYPES:
+            raise LpesError(f"{shard}: tensor {name[:120]!r} is {dtype}; lpes reads float weights "
+                            f"({', '.join(FLOAT_DTYPES)})")
+        if not converted and tuple(shape) != tuple(param.shape):
+            raise LpesError(f"{shard}: tensor {name[:120]!r} has shape {list(shape)}, but {what} needs "
+                            f"{list(param.shape)}")
+    missing = [n for n in expected if n not in found and n not in may_be_absent]
+    if missing:
+        raise LpesError(f"{folder}: the weights lack {missing[0]!r} ({len(missing)} tensor(s) of {what} are "
+                        "missing; a loader would fill them with random values)")
+
+
+def _header_tensors(folder: Path):
+    """(shard, tensor name, shape, dtype) of every tensor in the safetensors headers, no data read."""
+    from safetensors import safe_open
+
+    for shard in check_weights(folder):
+        with safe_open(str(shard), framework="pt") as handle:
+            for name in handle.keys():
+                piece = handle.get_slice(name)
+                yield shard, name, piece.get_shape(), piece.get_dtype()
+
+
+def _checkpoint_renamer(model, expected: dict):
+    """checkpoint key -> (the model's key, whether a conversion merges it with others) as transformers loads it."""
+    prefix = model.base_model_prefix
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
+
+        mapping = get_model_conversion_mapping(model)
+        renamings = [m for m in mapping if isinstance(m, WeightRenaming)]
+        converters = [m for m in mapping if isinstance(m, WeightConverter)]
+    except (ImportError, AttributeError, TypeError):  # another transformers: the base prefix only
+        def rename(name: str) -> tuple[str, bool]:
+            if name not in expected and f"{prefix}.{name}" in expected:
+                return f"{prefix}.{name}", False
+            return name, False
+        return rename
+
+    def rename(name: str) -> tuple[str, bool]:
+        target, pattern = rename_source_key(name, renamings, converters, prefix, expected)
+        if target not in expected and name in expected:
+            target, pattern = rename_source_key(name, [], [], prefix, expected)
+        return target, pattern is not None
+
+    return rename
 
 
 def _no_weights(folder: Path) -> str:

@@ -1,9 +1,10 @@
 """Scoring a scale vector on calibration examples with the replicas of a pool.
 
 Candidates (scales, or a stock RoPE baseline) are swapped in place (`lpes.apply`): each
-replica loads the model once and never reloads it (search/replicas.py). The
-one-forward-pass check (`teacher_forced_correct`) is the default; `method="greedy"`
-scores by greedy generation, the paper's way, for the cost benchmark.
+replica loads the model once and never reloads it (search/replicas.py). The default
+(`scoring.calibration_correct`) is the one-forward-pass check where it gives the benchmark's
+verdict (examples without an answer budget) and greedy generation within the budget
+elsewhere; `method="greedy"` always generates, the paper's way, for the cost benchmark.
 """
 
 from __future__ import annotations

@@ -152,7 +152,7 @@ class Replica:
         started = time.perf_counter()
         self._use(candidate)
         examples = [self.examples[i] for i in example_ids]
-        score = scoring.greedy_correct if self.method == "greedy" else scoring.teacher_forced_correct
+        score = scoring.greedy_correct if self.method == "greedy" else scoring.calibration_correct
         scores = score(self.model, self.tokenizer, examples, _batch_size(candidate, self.batch_size))
         return ShareResult(self.slot, tuple(example_ids), tuple(r.correct for r in scores.results),
                            scores.forward_tokens, time.perf_counter() - started)

@@ -44,6 +44,12 @@ PROMPT_TEMPLATE = (
     "Corresponding value:"
 )
 
+# lost-in-the-middle's scripts generate up to 100 tokens per answer (`--max-new-tokens 100`).
+BENCHMARK_ANSWER_TOKENS = 100
+# What keys and values are: the benchmark's UUID4 strings, or 6-digit decimal numbers, which
+# models of 100-300M parameters can copy (they lose track inside UUIDs' 30-odd tokens).
+KEY_KINDS = ("uuid", "number")
+
 # The gold indices the paper reports for its three context sizes.
 PAPER_GOLD_INDICES = {
     75: [0, 24, 49, 74],
@@ -91,11 +97,20 @@ def random_uuid4(rng: random.Random) -> str:
     return str(uuid.UUID(int=rng.getrandbits(128), version=4))
 
 
-def generate_records(num_pairs: int, num_records: int, seed: int) -> list[KvRecord]:
+def random_number(rng: random.Random) -> str:
+    """A 6-digit decimal number (no leading zero) drawn from `rng`."""
+    return str(rng.randrange(100_000, 1_000_000))
+
+
+def generate_records(num_pairs: int, num_records: int, seed: int, keys: str = "uuid") -> list[KvRecord]:
     """Records like the benchmark's `make_kv_retrieval_data.py`, deterministic for `seed`.
 
     Keys are distinct; the gold pair sits at a random position (move it with `with_gold_at`).
+    `keys` (KEY_KINDS) says what keys and values are drawn as: UUID4s (the benchmark's) or numbers.
     """
+    if keys not in KEY_KINDS:
+        raise LpesError(f"kv data: 'keys' must be one of {', '.join(KEY_KINDS)}, got {keys!r}")
+    draw = random_uuid4 if keys == "uuid" else random_number
     if num_pairs < 2:
         raise LpesError(f"kv data: 'pairs' must be at least 2, got {num_pairs}")
     if num_records < 1:
@@ -105,7 +120,7 @@ def generate_records(num_pairs: int, num_records: int, seed: int) -> list[KvReco
     for _ in range(num_records):
         pairs: dict[str, str] = {}
         while len(pairs) != num_pairs:
-            pairs[random_uuid4(rng)] = random_uuid4(rng)
+            pairs[draw(rng)] = draw(rng)
         ordered = tuple(pairs.items())
         key, value = ordered[rng.randrange(num_pairs)]
         records.append(KvRecord(ordered, key, value))
@@ -140,8 +155,10 @@ def make_examples(
     gold_indices: Sequence[int],
     tokenizer=None,
     use_chat_template: bool = True,
+    answer_tokens: int | None = BENCHMARK_ANSWER_TOKENS,
 ) -> list[Example]:
-    """Every record at every gold index (grouped by gold index, records in order)."""
+    """Every record at every gold index (grouped by gold index, records in order), each answered
+    within `answer_tokens` tokens (None: exactly the value's own tokens)."""
     chat = use_chat_template and has_chat_template(tokenizer)
     examples = []
     for gold_index in gold_indices:
@@ -150,7 +167,7 @@ def make_examples(
             prompt = kv_prompt(moved)
             if chat:
                 prompt = wrap_chat(prompt, tokenizer)
-            examples.append(Example(prompt, moved.value, gold_index, moved.num_pairs))
+            examples.append(Example(prompt, moved.value, gold_index, moved.num_pairs, answer_tokens))
     return examples
 
 

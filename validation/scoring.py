@@ -1,33 +1,41 @@
-"""Scoring retrieval examples, two ways that agree.
+"""Scoring retrieval examples: the benchmark's verdict, and a one-pass shortcut where it is the same.
 
-(a) `greedy_correct`: greedy decoding, then the benchmark's test: the value appears
-    in the output, case-insensitive (`evaluate_kv_responses.py`). Validation uses
-    this on every variant (torch, ONNX Runtime, TensorRT).
+(a) `greedy_correct`: greedy decoding within the example's answer budget, then the
+    benchmark's test, `best_subspan_em` of lost-in-the-middle's `metrics.py`: normalise
+    prediction and value (lowercase, drop punctuation, articles and extra whitespace) and
+    look for the value inside the prediction. Validation uses this on every variant
+    (torch, ONNX Runtime, TensorRT, onnxruntime-genai).
 (b) `teacher_forced_correct`: one forward pass over prompt + answer; correct iff
     every answer token is the argmax given the prompt and the answer tokens before
     it. That is exactly "greedy decoding starts with the answer tokens", at the
-    cost of one prefill instead of a prefill plus a decode loop. Search uses this.
+    cost of one prefill instead of a prefill plus a decode loop.
+(c) `calibration_correct`, what search scores with: (b) where every example's budget is
+    the answer's own token count (`Example.answer_tokens` None: the bundled tasks, whose
+    models answer with the value and stop), else (a).
+
+The answer budget (`Example.answer_tokens`): None gives exactly the answer's token
+count, so a value can never be "found" in text generated after a wrong answer; an
+integer N lets the model write up to N tokens (stopping at its end-of-turn token), as
+the benchmark does with 100: an instruction-tuned model answers "\n2f12..." or "The
+value corresponding to the key ... is ...", which (a) counts right and (b) cannot.
 
 How the answer is tokenized: the answer follows the prompt after one space, or
 directly when the prompt ends in whitespace (a chat template's assistant header
 ends in a newline; the plain benchmark prompt ends in "value:"). Its tokens are
 those of `prompt + sep + answer` past the prompt's own tokens, so a tokenizer that
-marks word starts (Llama's "▁", GPT-2's "Ġ") gives the tokens greedy decoding
+marks word starts (Llama's "\u2581", GPT-2's "\u0120") gives the tokens greedy decoding
 would have to produce.
 
-Where (a) and (b) can give different verdicts, and why:
+Why (b) is used only with the exact budget: with it, (b) correct means greedy decoding
+emits the answer's tokens, so (a) is correct; (a) correct means the output, exactly as
+many tokens as the answer, contains the value, which for the bundled tasks' one-token
+answers means it is the value's token, so (b) is correct. Where they can still differ:
 
-- The output contains the value but does not start with it ("The value is
-  3f2a..."; or after a newline): (a) correct, (b) wrong. Chat models that phrase
-  their answer need the benchmark's `max_new_tokens=100` for (a).
-- The output starts with the value spelled with other tokens than its canonical
-  tokenization (e.g. "3f" "2a" instead of "3f2a"), with different case, or without
-  the separator space: (a) correct, (b) wrong.
 - A near-tie between two tokens: (a) runs a KV-cached decode loop, (b) one
   full-sequence pass; float rounding differs between the two, so an argmax
   decided by less than ~1e-5 (fp32) can flip.
-- With `max_new_tokens` shorter than the answer's token count, (a) is wrong
-  whatever the model does.
+- The output spells the value with other tokens than its canonical tokenization
+  (e.g. "3f" "2a" instead of "3f2a"): (a) correct, (b) wrong. With budgets (a) decides.
 - RoPE variants whose frequencies depend on the sequence length (dynamic NTK,
   LongRoPE) pick them in transformers from the longest row of a batch, and (a)'s
   cache keeps keys rotated with the frequencies of the prefill: for those, a row's
@@ -35,19 +43,16 @@ Where (a) and (b) can give different verdicts, and why:
   length. Use batch_size=1 where that matters. Plain RoPE (default, linear,
   llama3, yarn) depends on position differences only and is unaffected.
 
-By default (a) generates exactly as many tokens as the answer has (per example),
-so a value can never be "found" in text generated after a wrong answer; with that
-budget (b) correct implies (a) correct, and (a) correct with the output starting
-with the canonical answer tokens implies (b) correct.
-
-Both return `Scores`: per-example records (example id = index in the list given,
-gold index, generated text, verdict) and the number of token positions the model
-computed (padding included), which search uses for its cost benchmark.
+All return `Scores`: per-example records (example id = index in the list given,
+gold index, generated text as decoded, verdict) and the number of token positions the
+model computed (padding included), which search uses for its cost benchmark.
 """
 
 from __future__ import annotations
 
 import inspect
+import re
+import string
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -102,6 +107,23 @@ class Scores:
 class EncodedExample:
     prompt_ids: list[int]
     answer_ids: list[int]
+
+
+# ---- the benchmark's verdict ----
+
+_PUNCTUATION = frozenset(string.punctuation)
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD's normalisation, as lost-in-the-middle's `metrics.normalize_answer`: lowercase, no
+    punctuation, no articles, single spaces."""
+    text = "".join(ch for ch in text.lower() if ch not in _PUNCTUATION)
+    return " ".join(re.sub(r"\b(a|an|the)\b", " ", text).split())
+
+
+def answer_found(prediction: str, answer: str) -> bool:
+    """lost-in-the-middle's `best_subspan_em(prediction, [answer]) == 1.0`."""
+    return normalize_answer(answer) in normalize_answer(prediction)
 
 
 # ---- tokenization shared by both scorers and every runtime ----
@@ -289,11 +311,12 @@ def greedy_correct(
     eos_token_id: int | list[int] | None = None,
     max_batch_tokens: int = MAX_BATCH_TOKENS,
 ) -> Scores:
-    """Greedy decoding and the benchmark's case-insensitive substring test.
+    """Greedy decoding within each example's budget, and the benchmark's `best_subspan_em` test.
 
     `model` is a transformers model or any `GreedyRunner` (ONNX Runtime, TensorRT).
-    `max_new_tokens=None` gives each example as many tokens as its answer has; the
-    benchmark itself used 100. `eos_token_id` defaults to the model's own.
+    `max_new_tokens` overrides every example's budget; None: `Example.answer_tokens`, and
+    where that is None too, as many tokens as the answer has. `eos_token_id` defaults to
+    the model's own.
     """
     encoded = encode_examples(tokenizer, examples)
     if eos_token_id is None:
@@ -301,7 +324,7 @@ def greedy_correct(
     else:
         eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
     runner = model if hasattr(model, "greedy") else TorchGreedy(model, pad_token_id(model, tokenizer))
-    budgets = [max_new_tokens or len(e.answer_ids) for e in encoded]
+    budgets = [max_new_tokens or example.answer_tokens or len(e.answer_ids) for example, e in zip(examples, encoded)]
     results: dict[int, ExampleResult] = {}
     forward_tokens = 0
     lengths = [len(e.prompt_ids) + budget for e, budget in zip(encoded, budgets)]
@@ -315,11 +338,19 @@ def greedy_correct(
         for i, tokens in zip(batch, outputs, strict=True):
             tokens = _until_eos(list(tokens), eos)[: budgets[i]]
             text = tokenizer.decode(tokens, skip_special_tokens=True)
-            correct = examples[i].answer.lower() in text.lower()
-            results[i] = ExampleResult(i, examples[i].gold_index, text, correct)
+            results[i] = ExampleResult(i, examples[i].gold_index, text, answer_found(text, examples[i].answer))
         if progress is not None:
             progress(len(batch))
     return Scores(tuple(results[i] for i in range(len(examples))), forward_tokens)
+
+
+def calibration_correct(
+    model, tokenizer, examples: Sequence[Example], batch_size: int = 8, progress: Progress | None = None
+) -> Scores:
+    """The search's verdicts: teacher forcing where it is the benchmark's verdict, else greedy decoding."""
+    if all(example.answer_tokens is None for example in examples):
+        return teacher_forced_correct(model, tokenizer, examples, batch_size, progress)
+    return greedy_correct(model, tokenizer, examples, batch_size, progress=progress)
 
 
 def _runner_eos(runner, eos: list[int]) -> int | list[int] | None:

@@ -9,6 +9,7 @@ interprets (``|`` is still read, but must be quoted):
     tiny-kv:pairs=16,length=1024,gold=0+8+15            ... with its fields
     tiny-induction:examples=40                          the second bundled model's task (tiny_induction)
     kv:pairs=75,examples=25,gold=0+24+49+74,seed=0      UUID key-value retrieval, generated (kv_data)
+    kv:pairs=20,keys=number,answer_tokens=24            6-digit numbers instead of UUIDs, 24-token answers
     kv:file=kv-retrieval-75_keys.jsonl.gz,gold=0+74     the benchmark's own records
     path/to/records.jsonl[.gz]                          same as kv:file=...
 
@@ -68,6 +69,10 @@ class TaskConfig:
     seed: int = 0
     length: int | None = None  # bundled models' tasks (BUNDLED_TASKS) only: positions per prompt
     file: str | None = None  # kv only: the benchmark's JSONL records instead of generated ones
+    keys: str = "uuid"  # kv only, generated: what keys and values are (kv_data.KEY_KINDS)
+    # Tokens the model may write before the value must have appeared (Example.answer_tokens):
+    # None = exactly the answer's own tokens (the bundled models answer with the value, then stop).
+    answer_tokens: int | None = None
 
     def resolved_gold_indices(self) -> tuple[int, ...]:
         if self.gold_indices is not None:
@@ -76,7 +81,7 @@ class TaskConfig:
 
 
 TASK_DEFAULTS = {
-    "kv": TaskConfig(),
+    "kv": TaskConfig(answer_tokens=kv_data.BENCHMARK_ANSWER_TOKENS),
     "tiny-kv": TaskConfig(task="tiny-kv", num_pairs=16, examples_per_index=20, length=1024),
     "tiny-induction": TaskConfig(task="tiny-induction", num_pairs=16, examples_per_index=20, length=512),
 }
@@ -88,12 +93,14 @@ _COMMON_FIELDS = {
     "pairs": "num_pairs", "examples": "examples_per_index", "gold": "gold_indices", "seed": "seed"
 }
 _DESCRIPTION_FIELDS = {
-    "kv": {**_COMMON_FIELDS, "file": "file"},
-    "tiny-kv": {**_COMMON_FIELDS, "length": "length"},
-    "tiny-induction": {**_COMMON_FIELDS, "length": "length"},
+    "kv": {**_COMMON_FIELDS, "file": "file", "keys": "keys", "answer_tokens": "answer_tokens"},
+    "tiny-kv": {**_COMMON_FIELDS, "length": "length", "answer_tokens": "answer_tokens"},
+    "tiny-induction": {**_COMMON_FIELDS, "length": "length", "answer_tokens": "answer_tokens"},
 }
 # lpes_task.json keys -> TaskConfig fields ("task" selects the task).
-_TASK_FILE_FIELDS = ("num_pairs", "gold_indices", "examples_per_index", "seed", "length", "file")
+_TASK_FILE_FIELDS = ("num_pairs", "gold_indices", "examples_per_index", "seed", "length", "file", "keys",
+                     "answer_tokens")
+MAX_ANSWER_TOKENS = 4096
 
 
 def load_examples(
@@ -143,15 +150,16 @@ def examples_for(
     gold = list(config.resolved_gold_indices())
     if config.task in BUNDLED_TASKS:
         try:
-            return _bundled_task(config.task).make_examples(
+            examples = _bundled_task(config.task).make_examples(
                 config.num_pairs, config.length, gold, config.examples_per_index, seed
             )
         except ValueError as err:  # the task's own limits (at most 64 keys)
             raise LpesError(f"{config.task} data: {err}") from None
+        return [replace(e, answer_tokens=config.answer_tokens) for e in examples]
     if config.file is not None:
         records = file_records(config, split)
     else:
-        records = kv_data.generate_records(config.num_pairs, config.examples_per_index, seed)
+        records = kv_data.generate_records(config.num_pairs, config.examples_per_index, seed, config.keys)
     for record in records:
         if max(gold) >= record.num_pairs:
             raise LpesError(f"kv data: 'gold' index {max(gold)} is outside a {record.num_pairs}-pair record")
@@ -159,7 +167,7 @@ def examples_for(
         from lpes.converter.loading import load_tokenizer
 
         tokenizer = load_tokenizer(model_path)
-    return kv_data.make_examples(records, gold, tokenizer, use_chat_template)
+    return kv_data.make_examples(records, gold, tokenizer, use_chat_template, config.answer_tokens)
 
 
 def file_records(config: TaskConfig, split: str) -> list[kv_data.KvRecord]:
@@ -260,6 +268,8 @@ def _parse_value(name: str, value: str) -> Any:
         return value
     if name == "gold":
         return tuple(_parse_int(name, v) for v in re.split(f"[{re.escape(LIST_SEPARATORS)}]", value))
+    if name == "keys":
+        return value
     return _parse_int(name, value)
 
 
@@ -303,7 +313,7 @@ def _check(config: TaskConfig, where: str = "--data") -> None:
     """Every field of a resolved task is valid and within bounds; the message names the field."""
     for f in fields(TaskConfig):
         value = getattr(config, f.name)
-        if f.name in ("num_pairs", "examples_per_index", "seed", "length") and value is not None:
+        if f.name in ("num_pairs", "examples_per_index", "seed", "length", "answer_tokens") and value is not None:
             if isinstance(value, bool) or not isinstance(value, int):
                 raise LpesError(f"{where}: '{f.name}' must be an integer, got {value!r}")
     _check_range(where, "num_pairs", "pairs", config.num_pairs, 2, _max_pairs(config.task))
@@ -314,6 +324,12 @@ def _check(config: TaskConfig, where: str = "--data") -> None:
         _check_range(where, "examples_per_index", "examples", config.examples_per_index, 1, MAX_EXAMPLES_PER_INDEX)
     if config.seed < 0:
         raise LpesError(f"{where}: 'seed' must be >= 0, got {config.seed}")
+    if config.answer_tokens is not None:
+        _check_range(where, "answer_tokens", "answer_tokens", config.answer_tokens, 1, MAX_ANSWER_TOKENS)
+    if config.keys not in kv_data.KEY_KINDS:
+        raise LpesError(f"{where}: 'keys' is {str(config.keys)[:40]!r}{_hint(str(config.keys), kv_data.KEY_KINDS)}")
+    if config.keys != "uuid" and (config.task != "kv" or config.file is not None):
+        raise LpesError(f"{where}: 'keys' applies to generated kv data only")
     gold = config.resolved_gold_indices()
     if not gold:
         raise LpesError(f"{where}: 'gold_indices' (gold) must name at least one index")
