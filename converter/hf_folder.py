@@ -4,7 +4,9 @@ Two kinds, chosen by the scales:
 
 - **Stock RoPE** where it is exact: every layer that shares a rotary has the same scale `s`
   and the model's RoPE type composes with `inv_freq / s` into a stock type (see
-  `stock_rope_parameters`). config.json is the base config with new `rope_parameters`; no
+  `stock_rope_parameters`), or, under the spec's `yarn` / `dynamic` scheme, every layer has
+  the same factor, which is that stock type at that factor. config.json is the base config
+  with new `rope_parameters`; no
   custom code, so transformers (without trust_remote_code), vLLM, TensorRT-LLM and
   llama.cpp's converter run it natively.
 - **Per-layer LPES** otherwise, with a loud failure on a plain load:
@@ -35,10 +37,11 @@ from lpes.converter.loading import PICKLE_SUFFIXES, load_config
 from lpes.converter.model_card import write_model_card
 from lpes.converter.modeling_template import MODELING_LPES
 from lpes.converter.portable_files import COPIED_TOKENIZER_FILES, write_config_json, write_tokenizer_files
+from lpes.converter.reference import check_rope_scheme
 from lpes.errors import LpesError
 from lpes.files import write_text_atomic
 from lpes.plots import plot_curve
-from lpes.spec import Spec, dump_spec
+from lpes.spec import LINEAR_ROPE, RopeScheme, Spec, dump_spec
 
 WEIGHT_SUFFIXES = (".safetensors", ".gguf")  # pickles (.bin, .pt) are never copied: unpickling can run code
 WEIGHT_INDEXES = ("model.safetensors.index.json",)
@@ -70,7 +73,9 @@ def write_hf_folder(
     spec = spec.for_layers(config.num_hidden_layers)
     data = json.loads((model_path / "config.json").read_text())
     layout = architecture_for(config).patch_kwargs(config)
-    stock = stock_rope_parameters(copy.deepcopy(dict(config.rope_parameters)), spec.scales, layout["layer_types"])
+    check_rope_scheme(config, spec.rope)
+    stock = stock_rope_parameters(copy.deepcopy(dict(config.rope_parameters)), spec.scales, layout["layer_types"],
+                                  spec.rope, config.max_position_embeddings)
     _link_or_copy_files(model_path, out_dir)
     write_tokenizer_files(model_path, out_dir)
     if stock is not None:
@@ -112,13 +117,24 @@ def lpes_model_type(base_model_type: str) -> str:
 
 
 def stock_rope_parameters(
-    rope_parameters: dict[str, Any], scales: list[float] | tuple[float, ...], layer_types: list[str] | None
+    rope_parameters: dict[str, Any], scales: list[float] | tuple[float, ...], layer_types: list[str] | None,
+    rope: RopeScheme = LINEAR_ROPE, max_position_embeddings: int | None = None,
 ) -> dict[str, Any] | None:
     """Stock rope_parameters equal to LPES with `scales`, or None where no stock type is exact.
 
     Exact only when every layer that shares a rotary shares a scale (all layers; with
     per-layer-type RoPE as in Gemma 3, all layers of one type) and that rotary's type composes.
+    Under a `yarn` / `dynamic` scheme one factor everywhere is that type at that factor, the
+    parameters lpes_rope gives each layer (a single plain RoPE: the scheme's own precondition);
+    YaRN at factor 1 is the model's own RoPE, as lpes_rope keeps it.
     """
+    if not rope.linear:
+        if layer_types is not None or len(set(scales)) != 1:
+            return None
+        if rope.rope_type == "yarn" and float(scales[0]) == 1.0:
+            return dict(rope_parameters)
+        return lpes_rope.scheme_rope_parameters(rope_parameters, max_position_embeddings, rope.for_lpes_rope(),
+                                                float(scales[0]))
     if layer_types is None:
         if len(set(scales)) != 1:
             return None
@@ -167,7 +183,7 @@ def compose_rope(params: dict[str, Any], scale: float) -> dict[str, Any] | None:
 def _describe(rope_parameters: dict[str, Any]) -> str:
     def one(params: dict[str, Any]) -> str:
         rope_type = params.get("rope_type", "default")
-        factor = f", factor {params['factor']:g}" if rope_type == "linear" else ""
+        factor = f", factor {params['factor']:g}" if rope_type in ("linear", "yarn", "dynamic") else ""
         return f"rope_type {rope_type}{factor}"
 
     if "rope_type" in rope_parameters or "rope_theta" in rope_parameters:
@@ -215,7 +231,10 @@ def _lpes_config(data: dict[str, Any], spec: Spec, config, base_class: str, layo
 
 
 def _spec_fields(spec: Spec) -> dict[str, Any]:
-    return {"scales": list(spec.scales), "curve": spec.curve.to_json() if spec.curve else None}
+    fields = {"scales": list(spec.scales), "curve": spec.curve.to_json() if spec.curve else None}
+    if not spec.rope.linear:  # how modeling_lpes.py applies the scales (absent: linear)
+        fields["rope"] = spec.rope.for_lpes_rope()
+    return fields
 
 
 def _inside_base_model(path: str, base_model_prefix: str) -> str:

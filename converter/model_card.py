@@ -53,16 +53,18 @@ def hub_id(base_model: str) -> str | None:
 
 
 def write_model_card(out_dir: Path, spec: Spec, base_model: str, config, validation_md: str = "",
-                     measured: Measured | None = None) -> Path:
-    """Write `out_dir/README.md`; `validation_md` is the validation table, `measured` its numbers."""
+                     measured: Measured | None = None, verdict: str | None = None, why: str = "") -> Path:
+    """Write `out_dir/README.md`; `validation_md` is the validation table, `measured` its numbers,
+    `verdict` the validation's ("passed", "failed", "not validated"; None: validation did not run) and `why`
+    what failed or did not run."""
     path = Path(out_dir) / "README.md"
     write_text_atomic(path, model_card(spec, base_model, config, validation_md, measured,
-                               custom_code=(Path(out_dir) / MODELING_FILE).is_file()))
+                               custom_code=(Path(out_dir) / MODELING_FILE).is_file(), verdict=verdict, why=why))
     return path
 
 
 def model_card(spec: Spec, base_model: str, config, validation_md: str = "", measured: Measured | None = None,
-               *, custom_code: bool = True) -> str:
+               *, custom_code: bool = True, verdict: str | None = None, why: str = "") -> str:
     """The card's text (see the module docstring)."""
     repo = hub_id(base_model)
     shown = repo or Path(base_model).name  # a local folder by its name only: no paths of this machine
@@ -71,7 +73,7 @@ def model_card(spec: Spec, base_model: str, config, validation_md: str = "", mea
         _front_matter(repo),
         f"# {name}: {shown} with LPES per-layer RoPE scaling",
         _intro(shown, repo, custom_code),
-        "## What was measured\n\n" + _measured_text(spec, config, measured),
+        "## What was measured\n\n" + _verdict_text(verdict, why) + _measured_text(spec, config, measured),
         _load_section(name, custom_code),
         _scales_section(spec),
     ]
@@ -118,6 +120,17 @@ def _measured_text(spec: Spec, config, measured: Measured | None) -> str:
     if measured is None:
         return _from_provenance(spec, search, trained)
     return "\n\n".join([_task_text(measured, trained, search), _finding_text(measured, spec.best_uniform_scale)])
+
+
+def _verdict_text(verdict: str | None, why: str) -> str:
+    """Said first when validation did not pass: a card must not read as a measurement that was not made."""
+    reason = f" ({why.rstrip('.')})" if why else ""
+    if verdict == "not validated":
+        return (f"**Not validated**{reason}: what was to be checked on this conversion did not all run. Any "
+                "accuracy below outside a Validation table is lpes-search's own measurement, not this folder's.\n\n")
+    if verdict == "failed":
+        return f"**Validation FAILED**{reason}; see the Validation section.\n\n"
+    return ""
 
 
 def _task_text(m: Measured, trained: int | None, search: dict) -> str:

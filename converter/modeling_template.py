@@ -14,8 +14,9 @@ MODELING_LPES = '''\
 """LPES (Layer-specific Positional Embedding Scaling) for a {base_class} checkpoint.
 
 Written by lpes-convert {lpes_version}. Needs only torch and transformers; never touches
-the network. Each decoder layer h uses RoPE inv_freq / config.lpes["scales"][h]; the
-weights are the base model's, unchanged. See lpes_rope.py for the per-layer RoPE.
+the network. Each decoder layer h uses RoPE inv_freq / config.lpes["scales"][h] (or, with
+config.lpes["rope"], transformers' YaRN / dynamic NTK at that factor); the weights are
+the base model's, unchanged. See lpes_rope.py for the per-layer RoPE.
 """
 
 import transformers
@@ -45,6 +46,7 @@ def _apply_lpes(base_model, config):
         rotary_path=lpes["rotary_path"],
         layer_types=lpes["layer_types"],
         interleaved=lpes["interleaved"],
+        rope=lpes.get("rope"),
     )
 
 

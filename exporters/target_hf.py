@@ -33,11 +33,12 @@ class HubFolder(Target):
         from lpes.converter.model_card import write_model_card
 
         job = self.job
-        if validation is None:
-            write_model_card(folder, job.spec, job.model_name, job.config)
+        if validation is None:  # --no-validate: nothing was checked, and the card says so
+            write_model_card(folder, job.spec, job.model_name, job.config, verdict="not validated",
+                             why="converted with --no-validate")
         else:
             write_model_card(folder, job.spec, job.model_name, job.config, validation.markdown(),
-                             validation.measured())
+                             validation.measured(), validation.verdict, validation.verdict_reason())
 
     @classmethod
     def open(cls, folder: Path, run: RunContext) -> OpenedExport:

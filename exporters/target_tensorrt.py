@@ -51,12 +51,17 @@ class TensorrtEngine(Target):
         return (f"no TensorRT engine will be built here (this machine lacks {self.missing}); "
                 f"{self.folder}/ gets the trtexec recipe that builds it on the deployment machine")
 
+    def describe(self) -> str:
+        if self.missing is None:
+            return "engine built from OUT/onnx (experimental: never built by this project)"
+        return f"the trtexec recipe only, no engine (this machine lacks {self.missing})"
+
     def write(self, folder: Path) -> Written:
         from lpes.exporters.tensorrt import build_engine_or_explain
 
         onnx_dir = folder.parent / "onnx"
         note = build_engine_or_explain(onnx_dir, folder, self.job.dtype, profile=self.profile)
-        return Written(warnings=[note] if note else [])
+        return Written(unbuilt=[note] if note else [])
 
     @classmethod
     def open(cls, folder: Path, run: RunContext) -> OpenedExport:

@@ -64,6 +64,9 @@ class Written:
 
     reports: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    # What the target was asked to make and could not make on this machine, one line each
+    # (a TensorRT engine without an NVIDIA GPU): lpes-convert prints them and exits 2.
+    unbuilt: list[str] = field(default_factory=list)
     passed: bool = True
 
 
@@ -103,6 +106,10 @@ class Target:
     def plan_note(self) -> str | None:
         """After `check`: one line said before any work starts (what this run will not do here)."""
         return None
+
+    def describe(self) -> str:
+        """After `check`: what `write` makes on this machine, for the progress line (default: `help`)."""
+        return self.help
 
     def write(self, folder: Path) -> Written:
         """Write the export into `folder` (created; empty unless it is the output folder itself)."""

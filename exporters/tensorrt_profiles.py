@@ -131,9 +131,17 @@ def default_profile(
     return Profile(batch, sequence, past, total)
 
 
+# TensorRT dimensions are 32-bit; a batch beyond this is a typo, not a deployment (its KV cache alone is terabytes).
+MAX_DIMENSION = 2**31 - 1
+MAX_BATCH = 65536
+
+
 def _positive(flag: str, value: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise LpesError(f"{flag} must be a positive integer, got {value!r}")
+        raise LpesError(f"{flag} must be a positive integer, got {str(value)[:40]}")
+    limit = MAX_BATCH if flag == "--max-batch" else MAX_DIMENSION
+    if value > limit:
+        raise LpesError(f"{flag} must be at most {limit}, got {str(value)[:40]}")
 
 
 def _range(name: str, low: int, opt: int, high: int) -> DimRange:

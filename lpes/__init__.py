@@ -9,7 +9,7 @@
 from importlib.metadata import PackageNotFoundError, version
 
 from lpes.errors import LpesError
-from lpes.spec import Curve, Spec, dump_spec, load_spec
+from lpes.spec import Curve, RopeScheme, Spec, dump_spec, load_spec
 
 try:
     __version__ = version("lpes")
@@ -18,7 +18,11 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 
 
 def apply(model, spec: Spec):
-    """Patch a loaded transformers causal LM so layer h uses inv_freq / s_h (returns it)."""
+    """Patch a loaded transformers causal LM so layer h uses inv_freq / s_h (returns it).
+
+    Under the spec's `rope` (RopeScheme "yarn" / "dynamic") layer h gets transformers' YaRN or
+    dynamic NTK at factor s_h instead.
+    """
     from lpes.converter.reference import apply as apply_reference
 
     return apply_reference(model, spec)
@@ -31,4 +35,4 @@ def convert(model: str, spec: Spec | str, out: str, targets=("hf",), **options):
     return run(model, spec, out, targets=targets, **options)
 
 
-__all__ = ["Curve", "LpesError", "Spec", "__version__", "apply", "convert", "dump_spec", "load_spec"]
+__all__ = ["Curve", "LpesError", "RopeScheme", "Spec", "__version__", "apply", "convert", "dump_spec", "load_spec"]

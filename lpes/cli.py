@@ -2,7 +2,8 @@
 
 Each parses its flags, calls the Python API, prints what a user needs, and exits
 0 on success, 1 when a validation fails (the report says why), 2 on a user error
-(one line, no traceback).
+(one line, no traceback), 3 when validation did not run everything it planned ("not
+validated": a check was skipped, e.g. key-value scoring over the time budget).
 """
 
 from __future__ import annotations
@@ -10,17 +11,18 @@ from __future__ import annotations
 import argparse
 import errno
 import os
-import signal
 import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
 from lpes.errors import ArgumentParser, LpesError
 
+# Exit status per verdict (validation.report): a check that did not run is not a pass.
+EXIT_STATUS = {"passed": 0, "failed": 1, "not validated": 3}
+
 EXAMPLES_CONVERT = """\
 examples:
-  lpes-convert lpes-tiny-kv --curve demo-out/best.json --to hf,onnx --out tiny-lpes
+  lpes-convert lpes-tiny-induction --curve demo-out/best.json --to hf,onnx --out demo-out/next/tiny-lpes
   lpes-convert meta-llama/Llama-3.2-1B --curve best.json --to hf,onnx --out llama-lpes
   lpes-convert ./my-model --curve best.json --to tensorrt --dtype float16 --out engine  # experimental
 
@@ -31,24 +33,29 @@ MODEL is a bundled short name (lpes-tiny-kv), a local Hugging Face folder, or a 
   OUT/onnx/      onnx: model.onnx with KV cache, checked against the PyTorch reference
   OUT/tensorrt/  tensorrt, experimental: never built here (no machine of this project has
                  TensorRT): engine built from OUT/onnx on an NVIDIA GPU with tensorrt, else
-                 OUT/tensorrt/trtexec.sh to build it there
+                 OUT/tensorrt/trtexec.sh to build it there, and exit 2
   OUT/genai/     genai: onnxruntime-genai package with per-layer RoPE caches
 Unless --no-validate, the folder is then validated as lpes-validate does (see its --help):
-the model's own key-value task, e.g. 100 examples (20 per gold index) for lpes-tiny-kv;
-where that would take over 20 minutes here it is skipped with the command to run it.
-Exit status: 0 ok, 1 validation failed (report printed), 2 bad input.
+the task the curve was searched on (recorded in the spec: --data, chat template, answer
+budget; each flag given here replaces its part, and says so), else the model's own task,
+e.g. 100 examples (20 per gold index) for lpes-tiny-kv; where that would take over 20
+minutes here it is skipped with the command to run it.
+Exit status: 0 passed, 1 validation failed (report printed), 2 bad input, or a target this
+machine cannot build (tensorrt without tensorrt or a GPU: the rest is written, with the
+recipe), 3 not validated (a check was skipped; the report says which and how to run it).
 """
 
 EXAMPLES_VALIDATE = """\
-examples (make demo writes the first folder, README's first commands the second):
-  lpes-validate demo-out/lpes-tiny-induction-lpes
-  lpes-validate demo-out/lpes-tiny-kv-lpes --data tiny-kv:examples=4,length=2048
+examples (README's commands after make demo write the first folder, its lpes-tiny-kv commands the second):
+  lpes-validate demo-out/next/lpes-tiny-induction-lpes --data tiny-induction:examples=10,length=1024
+  lpes-validate kv-out/lpes-tiny-kv-lpes --data tiny-kv:examples=4,length=2048
   lpes-validate llama-lpes --model meta-llama/Llama-3.2-1B --data kv:pairs=75,examples=10
   lpes-validate llama-lpes --data kv-retrieval-75_keys.jsonl.gz
 
 --data TASK:field=value,... (lists joined by +, no quoting needed). Fields left out come
 from the model folder's lpes_task.json when it names the same task, then from the task's
-defaults. Without --data: the folder's own task, else kv with 75 pairs. The forms, with the
+defaults. Without --data: the task the spec was searched on (its --data, chat template and
+answer budget), else the model folder's own task, else kv with 75 pairs. The forms, with the
 values a field left out gets (tiny-kv: lpes-tiny-kv's lpes_task.json):
   tiny-kv:pairs=16,length=1024,examples=20,seed=0   the bundled model's task (validation/tiny_kv.py):
                                                     pairs facts in a prompt of length positions
@@ -64,13 +71,19 @@ indices for 75, 140 or 300 pairs (0+24+49+74 for 75), else 5 evenly spaced. Gene
 examples come from seed 2*seed+1 and lpes-search's from 2*seed; a benchmark file is split in
 two halves that share no record (by the SHA-256 of each record), lpes-search calibrating on
 one and validation reading the other, so validation never reuses a calibration example.
+Exit status: 0 passed (every planned check ran and held), 1 failed, 2 bad input, 3 not
+validated (a check was skipped: the report says why and prints the command that runs it).
+A run that does not pass keeps earlier scored results in DIR (it writes validation.skipped.*
+or validation.failed.* beside them).
 """
 
 EXAMPLES_GENERATE = """\
-example, on a conversion of lpes-tiny-kv (README's first commands write it):
-  lpes-generate demo-out/lpes-tiny-kv-lpes "p3_1 f2 q3" --max-new-tokens 1
+example, on a conversion of lpes-tiny-kv (README's lpes-tiny-kv commands write it):
+  lpes-generate kv-out/lpes-tiny-kv-lpes "p3_1 f2 q3" --max-new-tokens 1
 
-DIR's tokenizer must know every word of the prompt. The bundled model's words
+A tokenizer with a chat template (an instruct model's) gets the prompt as the user turn of
+it, as a chat model expects; --no-chat-template sends the text as it is. DIR's tokenizer
+must know every word of the prompt. The bundled model's words
 (validation/tiny_kv.py): p{key}_{value} a fact (key 0-63, value 0-7), f0..f31 filler,
 q{key} the query; the answer is a{value}, here a1 (the value of key 3). That model has
 no end-of-sequence token, so without --max-new-tokens 1 it writes on past the answer.
@@ -94,12 +107,26 @@ USER_OS_ERRORS = {
 
 
 def run_command(prog: str, main: Callable[[list[str] | None], int], argv: list[str] | None) -> int:
-    """Run a command's `main(argv)` the way every lpes command ends: user errors as one line and exit 2."""
-    on_main_thread = threading.current_thread() is threading.main_thread()
-    # A plain SIGTERM would end the process with no cleanup; as an interrupt, staging folders are removed.
-    previous = signal.signal(signal.SIGTERM, _interrupt) if on_main_thread else None
+    """Run a command's `main(argv)` the way every lpes command ends: user errors as one line and exit 2.
+
+    SIGINT and SIGTERM end it with exit 130 and nothing written (lpes/interrupts.py); staging
+    folders that killed runs left anywhere are reported first (lpes/outputs.py).
+    """
+    from lpes.interrupts import handling_interrupts
+
+    with handling_interrupts():
+        return _run(prog, main, argv)
+
+
+def _run(prog: str, main: Callable[[list[str] | None], int], argv: list[str] | None) -> int:
+    from lpes.interrupts import check_interrupted
+    from lpes.outputs import report_stale_staging
+
     try:
-        return main(argv)
+        report_stale_staging(prog)
+        code = main(argv)
+        check_interrupted()  # a signal Python dropped (in a callback) still ends the run as interrupted
+        return code
     except LpesError as err:
         print(f"{prog}: error: {err}", file=sys.stderr)
         return 2
@@ -109,17 +136,13 @@ def run_command(prog: str, main: Callable[[list[str] | None], int], argv: list[s
     except OSError as err:
         if err.errno not in USER_OS_ERRORS:
             raise
-        where = f": {err.filename}" if err.filename else ""
+        # A copy that fills the disk reports its source as filename and its destination as filename2.
+        full = err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+        target = err.filename2 if full and err.filename2 else err.filename
+        where = f": {target}" if target else ""
         print(f"{prog}: error: {err.strerror or os.strerror(err.errno)}{where} ({USER_OS_ERRORS[err.errno]})",
               file=sys.stderr)
         return 2
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
 
 
 def _convert_parser() -> argparse.ArgumentParser:
@@ -143,12 +166,27 @@ def _convert_parser() -> argparse.ArgumentParser:
                         help="skip parity and key-value validation (not recommended)")
     parser.add_argument("--push-to-hub", metavar="REPO_ID", help="upload the Hub folder to this repo when done")
     parser.add_argument("--data", default=None,
-                        help="validation examples, as lpes-validate --data (default: the model's own task)")
+                        help="validation examples, as lpes-validate --data (default: the task the curve was "
+                        "searched on, from the spec, else the model's own task)")
+    add_task_arguments(parser)
     parser.add_argument("--max-minutes", type=float, default=20.0,
                         help="validation: skip the key-value scoring when its estimate is longer, and say how to "
                         "run it elsewhere (0: no limit; default 20)")
     add_target_arguments(parser)
     return parser
+
+
+def add_task_arguments(parser: argparse.ArgumentParser) -> None:
+    """--chat-template / --no-chat-template and --answer-tokens of lpes-validate and lpes-convert."""
+    chat = parser.add_mutually_exclusive_group()
+    chat.add_argument("--chat-template", dest="chat_template", action="store_const", const=True, default=None,
+                      help="wrap prompts in the tokenizer's chat template (default: as the search did, else on)")
+    chat.add_argument("--no-chat-template", dest="chat_template", action="store_const", const=False,
+                      help="do not wrap prompts in the tokenizer's chat template")
+    parser.add_argument("--answer-tokens", type=int, default=None, metavar="N",
+                        help="tokens the model may write before the value must have appeared (the benchmark: "
+                        "100; default: the search's budget, else the task's: 100 for kv, the value's own tokens "
+                        "for the bundled tasks)")
 
 
 def _max_seconds(minutes: float) -> float | None:
@@ -163,14 +201,22 @@ def _convert(argv: list[str] | None) -> int:
 
     args = _convert_parser().parse_args(argv)
     options = ConvertOptions(args.model, args.spec, args.out, args.to, args.dtype, args.force, args.validate,
-                             args.push_to_hub, args.data, _max_seconds(args.max_minutes), target_options(args))
+                             args.push_to_hub, args.data, _max_seconds(args.max_minutes), args.chat_template,
+                             args.answer_tokens, target_options(args))
     result = execute(plan(options))
     for report in result.reports:
         print(report)
-    for warning in result.warnings:
+    for warning in result.warnings + result.unbuilt:
         print(f"lpes-convert: {warning}", file=sys.stderr)
     print(f"wrote {result.out}")
-    return 0 if result.passed else 1
+    if result.unbuilt and result.verdict != "failed":  # asked for, not made: the README's exit 2 for "no GPU"
+        print("lpes-convert: exit 2: not everything asked for was built here (the lines above say what and how "
+              "to build it elsewhere)", file=sys.stderr)
+        return 2
+    if result.verdict == "not validated":
+        print(f"lpes-convert: not validated: a planned check did not run (exit {EXIT_STATUS[result.verdict]}); "
+              "the report above says which and the command that runs it", file=sys.stderr)
+    return EXIT_STATUS[result.verdict]
 
 
 def _validate_parser() -> argparse.ArgumentParser:
@@ -188,8 +234,7 @@ def _validate_parser() -> argparse.ArgumentParser:
     parser.add_argument("--data", default=None,
                         help="TASK:field=value,... or FILE.jsonl (forms below; default: the model folder's "
                         "own task, lpes_task.json, else kv with 75 pairs)")
-    parser.add_argument("--no-chat-template", dest="chat_template", action="store_false",
-                        help="do not wrap prompts in the tokenizer's chat template")
+    add_task_arguments(parser)
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"],
                         help="precision of the PyTorch reference (default auto: float32 on a CPU, where half "
                         "precision is slow and inexact; bfloat16 on a GPU that has it, else float16)")
@@ -201,25 +246,31 @@ def _validate_parser() -> argparse.ArgumentParser:
 
 def _validate(argv: list[str] | None) -> int:
     from lpes.converter.loading import DEFAULT_MODEL, check_device, default_dtype, resolve_model
-    from lpes.converter.trust import check_hub_code
-    from lpes.validation.report import find_spec, validate
+    from lpes.converter.trust import check_hub_code, check_received_folder
+    from lpes.search.run import check_answer_tokens
+    from lpes.validation.report import find_spec, resolve_task, validate
 
     args = _validate_parser().parse_args(argv)
     max_seconds = _max_seconds(args.max_minutes)
+    check_answer_tokens(args.answer_tokens)
     if not args.dir.is_dir():
         raise LpesError(f"{args.dir} is not a folder" if args.dir.exists() else f"folder not found: {args.dir}")
     check_hub_code(args.dir)  # before anything imports the folder's code (converter/trust.py)
+    check_received_folder(args.dir)  # and before any runtime opens a file or library the folder names
     spec = find_spec(args.dir)
     model = args.model or spec.provenance.get("base_model") or DEFAULT_MODEL
     model_path = resolve_model(model)
     device = check_device(args.device)
     dtype = default_dtype(device) if args.dtype == "auto" else args.dtype
+    override = resolve_task(model_path, spec, args.data, args.chat_template, args.answer_tokens).override
+    if override:
+        print(f"lpes-validate: {override}", file=sys.stderr)
     report = validate(model_path, args.dir, spec, data=args.data, chat_template=args.chat_template,
-                      reference_dtype=dtype, device=device, max_seconds=max_seconds,
-                      model_name=model)
+                      answer_tokens=args.answer_tokens, reference_dtype=dtype, device=device,
+                      max_seconds=max_seconds, model_name=model, shown_dir=args.dir, shown_model=model)
     print(report.format())
     print("wrote " + ", ".join(str(p) for p in report.files))
-    return 0 if report.passed else 1
+    return EXIT_STATUS[report.verdict]
 
 
 def _generate_parser() -> argparse.ArgumentParser:
@@ -233,6 +284,8 @@ def _generate_parser() -> argparse.ArgumentParser:
     parser.add_argument("prompt", help="text for DIR's tokenizer (quote it: it holds spaces)")
     parser.add_argument("--max-new-tokens", type=int, default=32,
                         help="stop after this many tokens, or at the model's end token (default %(default)s)")
+    parser.add_argument("--no-chat-template", dest="chat_template", action="store_false",
+                        help="send the prompt as typed, not as the user turn of the tokenizer's chat template")
     return parser
 
 
@@ -245,7 +298,24 @@ def _generate(argv: list[str] | None) -> int:
     onnx_dir = args.dir / "onnx" if (args.dir / "onnx" / "model.onnx").is_file() else args.dir
     if not (onnx_dir / "model.onnx").is_file():
         raise LpesError(f"no model.onnx in {args.dir}")
-    print(generate_text(onnx_dir, args.prompt, args.max_new_tokens))
+    from lpes.converter.trust import check_received_folder
+
+    check_received_folder(onnx_dir)  # names no file outside it, no library (converter/trust.py)
+    text = generate_text(onnx_dir, args.prompt, args.max_new_tokens, chat_template=args.chat_template)
+    print(text)
+    if not text.strip():
+        from lpes.converter.loading import load_tokenizer
+        from lpes.validation.kv_data import has_chat_template
+
+        has_template = has_chat_template(load_tokenizer(onnx_dir))
+        if args.chat_template and has_template:
+            hint = "the prompt went in through the chat template; try --no-chat-template"
+        elif has_template:
+            hint = "the prompt went in as typed; an instruct model may need its chat template (drop --no-chat-template)"
+        else:
+            hint = "the tokenizer has no chat template, so the prompt went in as typed"
+        print(f"lpes-generate: the model wrote nothing: its first new token ends the sequence (or decodes to "
+              f"nothing); {hint}", file=sys.stderr)
     return 0
 
 

@@ -14,12 +14,12 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lpes.converter.loading import check_dtype, load_config, model_fingerprint, model_label, resolve_model
-from lpes.converter.reference import check_layout
+from lpes.converter.reference import check_layout, check_rope_scheme
 from lpes.errors import LpesError
 from lpes.exporters.targets import ExportJob, Target, parse_targets
 from lpes.outputs import check_output_folder, staged_output
@@ -41,8 +41,10 @@ class ConvertOptions:
     force: bool = False
     validate: bool = True
     push_to_hub: str | None = None
-    data: str | None = None  # validation examples, as lpes-validate --data (None: the model's own task)
+    data: str | None = None  # validation examples, as lpes-validate --data (None: the task the curve was searched on)
     max_validation_seconds: float | None = 20 * 60  # key-value scoring estimated longer is skipped; None: no limit
+    chat_template: bool | None = None  # None: as the search did (the spec's provenance), else on
+    answer_tokens: int | None = None  # the answer budget over the task's (None: the search's, else the task's)
     # Per target name: the options of its own flags (see Target.options_from).
     target_options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -57,6 +59,9 @@ class ConvertPlan:
     data: str | None = None
     max_validation_seconds: float | None = None
     notes: list[str] = field(default_factory=list)  # said before any work starts
+    chat_template: bool | None = None
+    answer_tokens: int | None = None
+    shown_model: str = ""  # the model as the user typed it (the commands the report prints name it so)
 
     @property
     def target_names(self) -> list[str]:
@@ -66,9 +71,16 @@ class ConvertPlan:
 @dataclass
 class ConvertResult:
     out: Path
-    passed: bool = True
+    passed: bool = True  # no check failed
     reports: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    unbuilt: list[str] = field(default_factory=list)  # asked for, not made here (a TensorRT engine): exit 2
+    validated: bool = True  # every planned check ran (False: one was skipped; see the report)
+
+    @property
+    def verdict(self) -> str:
+        """"passed", "failed", or "not validated" (a planned check did not run)."""
+        return "failed" if not self.passed else ("passed" if self.validated else "not validated")
 
 
 def plan(options: ConvertOptions) -> ConvertPlan:
@@ -81,22 +93,31 @@ def plan(options: ConvertOptions) -> ConvertPlan:
     spec = spec.for_layers(config.num_hidden_layers)
     _warn_if_made_for_another_model(spec, config)
     check_layout(config)
+    check_rope_scheme(config, spec.rope)  # per-layer yarn/dynamic need a model whose own RoPE is plain
     out = check_output_folder(options.out, model_path, options.force)
-    if options.validate and options.data is not None:
-        from lpes.validation.tasks import task_config
+    task_note = None
+    if options.validate:  # a typo in --data, or the search's data file missing, fails now, not after the export
+        from lpes.search.run import check_answer_tokens
+        from lpes.validation.report import resolve_task
 
-        task_config(model_path, options.data)  # a typo in --data fails now, not after the export
+        check_answer_tokens(options.answer_tokens)
+        task_note = resolve_task(model_path, spec, options.data, options.chat_template, options.answer_tokens).override
     names = [cls.name for cls in target_classes]
     if options.push_to_hub and "hf" not in names:
         raise LpesError("--push-to-hub uploads the Hub folder; add hf to --to")
+    if options.push_to_hub:
+        from lpes.converter.hub import check_push_target
+
+        check_push_target(options.push_to_hub)  # repo id, token, the Hub reachable: now, not after the export
     job = ExportJob(model_path, model_label(options.model), config, _with_provenance(spec, config, options.model),
                     options.dtype, options.validate)
     targets = [cls(job, options.target_options.get(cls.name)) for cls in target_classes]
     for target in targets:
         target.check()
-    notes = [note for t in targets if (note := t.plan_note())]
+    notes = [note for t in targets if (note := t.plan_note())] + ([task_note] if task_note else [])
     return ConvertPlan(job, out, targets, options.force, options.push_to_hub, options.data,
-                       options.max_validation_seconds, notes)
+                       options.max_validation_seconds, notes, options.chat_template, options.answer_tokens,
+                       str(options.model))
 
 
 def _warn_if_made_for_another_model(spec: Spec, config) -> None:
@@ -117,7 +138,7 @@ def _with_provenance(spec: Spec, config, model_name: str) -> Spec:
     provenance.setdefault("model", model_fingerprint(config))
     provenance["base_model"] = model_label(model_name)
     provenance["lpes_version"] = lpes.__version__
-    return Spec(spec.scales, spec.curve, provenance)
+    return replace(spec, provenance=provenance)
 
 
 def execute(plan: ConvertPlan) -> ConvertResult:
@@ -140,10 +161,11 @@ def run_targets(plan: ConvertPlan, staging: Path, result: ConvertResult) -> None
     for target in plan.targets:
         folder = staging / target.folder
         folder.mkdir(parents=True, exist_ok=True)
-        _progress(f"writing {target.name}: {target.help}")
+        _progress(f"writing {target.name}: {target.describe()}")
         written = target.write(folder)
         result.reports += written.reports
         result.warnings += written.warnings
+        result.unbuilt += written.unbuilt
         result.passed &= written.passed
     report = _validate(plan, staging, result) if plan.job.validate else None
     for target in plan.targets:
@@ -163,8 +185,11 @@ def _validate(plan: ConvertPlan, staging: Path, result: ConvertResult) -> Valida
     from lpes.validation.report import validate
 
     _progress("validating key-value retrieval accuracy by position")
-    report = validate(plan.job.model_path, staging, plan.job.spec, data=plan.data, variants=plan.target_names,
-                      model_name=plan.job.model_name, shown_dir=plan.out, max_seconds=plan.max_validation_seconds)
+    report = validate(plan.job.model_path, staging, plan.job.spec, data=plan.data, chat_template=plan.chat_template,
+                      answer_tokens=plan.answer_tokens, variants=plan.target_names, model_name=plan.job.model_name,
+                      shown_dir=plan.out, shown_model=plan.shown_model or None,
+                      max_seconds=plan.max_validation_seconds)
     result.reports.append(report.format())
-    result.passed &= report.passed
+    result.passed &= report.verdict != "failed"
+    result.validated &= report.verdict == "passed"
     return report

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from lpes.errors import LpesError
+from lpes.interrupts import check_interrupted
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes | bytearray | memoryview) -> None:
@@ -50,6 +51,7 @@ def save_atomic(path: str | os.PathLike, save: Callable[[Path], object]) -> Path
         save(tmp)
         fsync_path(tmp)  # without it a crash soon after the rename can leave an empty file under the final name
         os.chmod(tmp, 0o666 & ~current_umask())
+        check_interrupted()  # a SIGINT/SIGTERM Python dropped: nothing is renamed into place (lpes/interrupts.py)
         os.replace(tmp, path)
     except OSError as err:
         raise LpesError(f"cannot write {path}: {_reason(err)}") from None
@@ -81,8 +83,11 @@ def read_json_object(path: str | os.PathLike) -> dict:
     path = Path(path)
     try:
         data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise LpesError(f"cannot read {path}: {str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
+    except (OSError, UnicodeDecodeError, ValueError) as err:  # ValueError: also integers of over 4300 digits
+        raise LpesError(f"cannot read {path}: {str(err).splitlines()[0][:120] if str(err) else type(err).__name__}"
+                        ) from None
+    except RecursionError:
+        raise LpesError(f"cannot read {path}: JSON nested too deeply") from None
     if not isinstance(data, dict):
         raise LpesError(f"{path} is not a JSON object")
     return data

@@ -12,7 +12,11 @@ files: empty, the working directory or a folder holding it, the model folder, in
 holding it, a file, or a folder lpes did not write. `staged_output` (execute time) takes
 the lock, repairs what a killed run left, yields the staging folder and, when the body
 finishes, swaps it in atomically. `check_output_file` is the same idea for a single file
-(lpes-search's spec), whose write is atomic by itself (lpes.spec.write_text_atomic).
+(lpes-search's spec), whose write is atomic by itself (lpes.spec.write_text_atomic);
+`locked_output` gives such a file its lock. A name beside OUT that holds something lpes did
+not make (a planted symbolic link) is refused, never followed. Staging folders are recorded
+in the user's state folder while they exist, so that every later command reports one a
+killed run left (`report_stale_staging`), with its size and how to remove it.
 """
 
 from __future__ import annotations
@@ -22,16 +26,21 @@ import ctypes.util
 import errno
 import fcntl
 import glob
+import hashlib
 import json
 import os
+import shlex
 import shutil
+import stat
 import sys
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from lpes.errors import LpesError
 from lpes.files import fsync_path
+from lpes.interrupts import check_interrupted, shielded
 
 MARKER = ".lpes-output"
 MARKER_FORMAT = "lpes-output"
@@ -54,6 +63,7 @@ def check_output_folder(out: str | os.PathLike, model_path: Path, force: bool) -
         raise LpesError(f"--out {path} is a file; lpes-convert writes a folder there (choose a new name)")
     _check_replaceable(path, force)
     _check_creatable(path)
+    check_siblings(path)
     return path
 
 
@@ -65,7 +75,57 @@ def check_output_file(out: str | os.PathLike, force: bool) -> Path:
     if path.exists() and not force:
         raise LpesError(f"{path} exists; pass --force to overwrite it")
     _check_creatable(path)
+    check_siblings(path)
     return path
+
+
+# A test write at plan time: what a full disk or a file size limit refuses shows before any work.
+PROBE_BYTES = 256 * 1024
+_TEMP_EXTRA = len("..") + 8 + len(".tmp")  # lpes.files.save_atomic's temporary name: .NAME.XXXXXXXX.tmpSUFFIX
+
+
+def check_files_beside(out: Path, names: list[str], need_bytes: int) -> None:
+    """The files a run will write in `out`'s folder (`names`) fit the filesystem's name limit with their
+    temporary names, the folder takes a test write, and it has `need_bytes` free; else LpesError."""
+    ancestor = _real(out).parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    name_max = os.pathconf(ancestor, "PC_NAME_MAX")
+    for name in names:
+        there = Path(out).parent / name
+        if there.is_symlink() or (there.exists() and not there.is_file()):
+            raise LpesError(f"{there} is in the way: this run writes a file there, and it is a "
+                            f"{'symbolic link' if there.is_symlink() else 'folder'}; move it")
+        if len(name.encode()) + _TEMP_EXTRA + len(Path(name).suffix) > name_max:
+            raise LpesError(f"--out {out.name[:40]!r}...: the file {name[:60]!r}... it writes beside it makes a name "
+                            f"longer than this filesystem allows ({name_max} bytes); shorten the name")
+    free = shutil.disk_usage(ancestor).free
+    if free < need_bytes:
+        raise LpesError(f"{ancestor} has {_format_size(free)} free; this run writes up to {_format_size(need_bytes)} "
+                        "there (free some space or choose another --out)")
+    try:
+        with tempfile.NamedTemporaryFile(dir=ancestor, prefix=".lpes-probe-") as probe:
+            probe.write(b"\0" * PROBE_BYTES)
+            probe.flush()
+            os.fsync(probe.fileno())
+    except OSError as err:
+        raise LpesError(f"cannot write in {ancestor}: {err.strerror or err} (checked before any work)") from None
+
+
+def check_siblings(out: Path) -> None:
+    """The names lpes uses beside `out` (lock, aside, staging) hold nothing lpes did not make: a planted
+    symbolic link there would make lpes create, rename or remove files elsewhere."""
+    lock, aside = _sibling(out, ".lpes-lock"), _sibling(out, ".lpes-old")
+    if lock.is_symlink() or (lock.exists() and not lock.is_file()):
+        raise LpesError(f"{lock} is not lpes's lock file (a {'symbolic link' if lock.is_symlink() else 'folder'}); "
+                        "lpes does not follow or remove it: remove it yourself")
+    if aside.is_symlink() or (aside.exists() and not aside.is_dir()):
+        raise LpesError(f"{aside} is not a folder lpes set aside (a {'symbolic link' if aside.is_symlink() else 'file'}"
+                        "); lpes does not follow or remove it: remove it yourself")
+    for stale in _staging_folders(out):
+        if stale.is_symlink() or not stale.is_dir():
+            raise LpesError(f"{stale} is not a staging folder lpes made (a "
+                            f"{'symbolic link' if stale.is_symlink() else 'file'}); remove it yourself")
 
 
 def check_outside_model(path: Path, model_path: Path) -> None:
@@ -155,18 +215,35 @@ def staged_output(out: Path, force: bool) -> Iterator[Path]:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with _locked(out):
+        check_siblings(out)  # again, under the lock
         _recover(out)
         _remove_stale_staging(out)
         _check_replaceable(out, force)  # again, under the lock: another run may have written `out` since plan
         staging = _sibling(out, f"{STAGING_INFIX}{os.getpid()}")
         staging.mkdir()
+        _register_staging(staging)
         try:
             _write_marker(staging)
             yield staging
+            check_interrupted()  # a SIGINT/SIGTERM Python dropped: the output is not swapped in
             _swap_in(staging, out)
         except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
+            with shielded():  # a second Ctrl-C must not leave half a staging folder behind
+                shutil.rmtree(staging, ignore_errors=True)
+                _unregister_staging(staging)
             raise
+        _unregister_staging(staging)
+
+
+@contextmanager
+def locked_output(out: Path) -> Iterator[None]:
+    """The lock of `out` (a file output: lpes-search's spec), held while the body runs; a second run on
+    `out` is turned away at once (LpesError)."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(out):
+        check_siblings(out)
+        yield
 
 
 def _sibling(out: Path, suffix: str) -> Path:
@@ -178,7 +255,16 @@ def _locked(out: Path) -> Iterator[None]:
     """flock on `.OUT.lpes-lock`; a second run on the same `out` fails at once instead of waiting."""
     path = _sibling(out, ".lpes-lock")
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:  # O_NOFOLLOW: a planted symbolic link must not make lpes create a file at its target
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o666)
+        except OSError as err:
+            if err.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+                raise
+            raise LpesError(f"{path} is not lpes's lock file ({os.strerror(err.errno).lower()}); lpes does not follow "
+                            "or remove it: remove it yourself") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise LpesError(f"{path} is not lpes's lock file (not a regular file); remove it yourself")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -208,8 +294,11 @@ def _same_file(fd: int, path: Path) -> bool:
 def _recover(out: Path) -> None:
     """Finish or undo a two-rename swap that a killed run left half done."""
     aside = _sibling(out, ".lpes-old")
-    if not aside.exists():
+    if not aside.exists() and not aside.is_symlink():
         return
+    if aside.is_symlink() or not aside.is_dir():
+        raise LpesError(f"{aside} is not a folder lpes set aside; lpes does not follow or remove it: "
+                        "remove it yourself")
     if out.exists():  # the new output was renamed in; only the removal of the old one was cut short
         shutil.rmtree(aside)
     else:  # killed between the two renames: the old output goes back
@@ -220,11 +309,17 @@ def _recover(out: Path) -> None:
 def _remove_stale_staging(out: Path) -> None:
     """Staging folders of `out` left by killed runs. Every writer holds the lock while its staging
     folder exists (a killed one loses the lock with its life), so under the lock all are stale."""
+    for stale in _staging_folders(out):
+        if stale.is_symlink() or not stale.is_dir():
+            raise LpesError(f"{stale} is not a staging folder lpes made; remove it yourself")
+        shutil.rmtree(stale, ignore_errors=True)
+        _unregister_staging(stale)
+        _say(f"removed {stale.name}, left by an interrupted run")
+
+
+def _staging_folders(out: Path) -> list[Path]:
     pattern = glob.escape(str(_sibling(out, STAGING_INFIX))) + "*"
-    for stale in glob.glob(pattern):
-        if Path(stale).name.rsplit("-", 1)[-1].isdigit():
-            shutil.rmtree(stale, ignore_errors=True)
-            _say(f"removed {Path(stale).name}, left by an interrupted run")
+    return [Path(p) for p in sorted(glob.glob(pattern)) if Path(p).name.rsplit("-", 1)[-1].isdigit()]
 
 
 def _write_marker(staging: Path) -> None:
@@ -282,3 +377,101 @@ def _fsync_dir(folder: Path) -> None:
 
 def _say(message: str) -> None:
     print(f"lpes: {message}", file=sys.stderr, flush=True)
+
+
+# ---- staging folders of killed runs, reported by every later command ----
+#
+# A SIGKILL (or a power cut) leaves `.OUT.lpes-partial-PID`, gigabytes for a 7B export, hidden
+# beside OUT until a later run writes the same OUT. Each staging folder is therefore recorded in
+# the user's state folder while it exists; every lpes command starts by reporting the recorded
+# ones whose process is gone, with their size and the command that removes them.
+
+
+def state_dir() -> Path:
+    """Where lpes records its staging folders: $LPES_STATE_DIR, else $XDG_STATE_HOME/lpes, else ~/.local/state/lpes."""
+    if os.environ.get("LPES_STATE_DIR"):
+        return Path(os.environ["LPES_STATE_DIR"])
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "lpes"
+
+
+def _record(staging: Path) -> Path:
+    key = hashlib.sha256(os.fsencode(os.path.abspath(staging))).hexdigest()[:24]
+    return state_dir() / "staging" / f"{key}.json"
+
+
+def _register_staging(staging: Path) -> None:
+    try:
+        record = _record(staging)
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps({"path": os.path.abspath(staging), "pid": os.getpid()}))
+    except OSError:  # no writable home: the staging folder is still removed by the next run on OUT
+        pass
+
+
+def _unregister_staging(staging: Path) -> None:
+    try:
+        _record(staging).unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
+def report_stale_staging(prog: str) -> list[Path]:
+    """Say, one line each, which recorded staging folders a killed run left (its process gone); forget the
+    records of folders that no longer exist. Returns the stale folders."""
+    try:
+        records = sorted((state_dir() / "staging").glob("*.json"))
+    except OSError:
+        return []
+    stale = []
+    for record in records[:100]:
+        try:
+            data = json.loads(record.read_text())
+            path, pid = Path(data["path"]), int(data["pid"])
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
+            continue
+        if _alive(pid):
+            continue
+        if not path.is_dir() or path.is_symlink():
+            _unregister_staging(path)
+            continue
+        stale.append(path)
+        print(f"{prog}: note: {path} ({_format_size(_size(path))}) was left by an interrupted lpes run (pid {pid}); "
+              f"remove it with: rm -rf {shlex.quote(str(path))} (a run writing the same --out also removes it)",
+              file=sys.stderr, flush=True)
+    return stale
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    except (OverflowError, ValueError):
+        return False
+    return True
+
+
+def _size(folder: Path) -> int:
+    total = 0
+    for root, _, names in os.walk(folder):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
+def _format_size(size: float) -> str:
+    if size < 1024:
+        return f"{size:.0f} bytes"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        size /= 1024
+        if size < 1024 or unit == "TiB":
+            return f"{size:.1f} {unit}"
+    return ""

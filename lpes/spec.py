@@ -7,6 +7,8 @@
       "scales": [4.0, 2.5, 1.5, 1.0],                   # s_h, one per layer
       "curve": {"degree": 3,                            # optional: the Bezier curve
                 "control_points": [[0, 4.0], [1, 2.25], [2, 1.25], [3, 1.0]]},
+      "rope_type": "yarn",                              # optional: how s_h is applied (default linear)
+      "rope_parameters": {"beta_fast": 32, ...},        # optional: the scheme's parameters
       "provenance": {"lpes_version": "0.1.0",           # optional, free-form below
                      "model": {...fingerprint...}, "search": {...}}
     }
@@ -30,11 +32,23 @@ Sane ranges (anything outside is a mistake, refused with the field's name):
 - the file is at most 8 MiB of UTF-8 JSON, nested at most 64 levels, integers at most
   40 digits.
 
+`rope_type` says how layer h applies its scale (lpes_rope.py): `linear` (absent: every
+file written before it existed), `inv_freq / s_h` on top of the model's own RoPE; `yarn`
+or `dynamic`, transformers' YaRN or dynamic NTK at factor s_h, so that one factor for
+every layer is exactly that stock RoPE. Those two need the model's own RoPE to be plain
+and every factor >= 1. `rope_parameters` holds the scheme's parameters, YaRN's only:
+`beta_fast`, `beta_slow` (numbers, beta_fast > beta_slow > 0) and
+`original_max_position_embeddings` (an integer; default the model's trained length).
+There is no static `ntk`: transformers has no init function for it (dynamic NTK at the
+trained length is plain RoPE; past it, dynamic is what transformers offers).
+
 Provenance that other stages read is typed: `search` (with `best_uniform_scale` and
 `stock_baselines`, a list of `{"rope_type": "yarn" | "dynamic", "factor": f, ...}` with
-1 <= f <= MAX_SCALE), `model` and `held_out` are objects, `base_model` and `lpes_version`
-strings; read them through `Spec.best_uniform_scale`, `Spec.stock_baselines` and
-`Spec.base_model`.
+1 <= f <= MAX_SCALE, and `task`, the task the curve was searched on: `{"data": description or
+null, "chat_template": bool, "answer_tokens": int >= 1 or null, "prompt_tokens": [shortest,
+longest]}`, each key known), `model` and `held_out` are objects, `base_model` and `lpes_version`
+strings; read them through `Spec.best_uniform_scale`, `Spec.stock_baselines`, `Spec.search_task`
+and `Spec.base_model`.
 """
 
 from __future__ import annotations
@@ -56,7 +70,7 @@ from lpes.errors import LpesError
 from lpes.files import write_bytes_atomic, write_text_atomic
 
 # Re-exported: lpes.spec was the atomic writers' home before lpes.files; new code imports lpes.files.
-__all__ = ["Curve", "Spec", "StockRope", "dump_spec", "load_spec", "parse_spec", "write_bytes_atomic",
+__all__ = ["Curve", "SearchTask", "Spec", "StockRope", "dump_spec", "load_spec", "parse_spec", "write_bytes_atomic",
            "write_text_atomic"]
 
 FORMAT = "lpes-spec"
@@ -68,13 +82,19 @@ MAX_DEGREE = bezier.MAX_DEGREE
 MAX_FILE_BYTES = 8 << 20
 MAX_DEPTH = 64
 MAX_INT_DIGITS = 40
+MAX_ANSWER_TOKENS = 4096  # the answer budget (validation.tasks.MAX_ANSWER_TOKENS)
 
-TOP_LEVEL_KEYS = ("format", "version", "num_layers", "scales", "curve", "control_points", "degree", "provenance")
+TOP_LEVEL_KEYS = ("format", "version", "num_layers", "scales", "curve", "control_points", "degree", "rope_type",
+                  "rope_parameters", "provenance")
 CURVE_KEYS = ("degree", "control_points")
 _SCALE_RANGE = f"[{MIN_SCALE:g}, {MAX_SCALE:g}]"
 # The stock length-extension RoPE types (transformers' rope_type -> the name readers know) that
 # lpes-search scans as baselines and validation scores beside the curve.
 STOCK_ROPE_TYPES = {"yarn": "YaRN", "dynamic": "dynamic NTK"}
+# How a layer applies its scale (`rope_type`): -> the parameters it takes (converter/lpes_rope.py SCHEMES).
+ROPE_SCHEMES = {"linear": (), "yarn": ("beta_fast", "beta_slow", "original_max_position_embeddings"), "dynamic": ()}
+YARN_DEFAULT_BETAS = (32.0, 1.0)  # transformers' beta_fast, beta_slow when a config leaves them out
+MAX_POSITIONS = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -112,14 +132,92 @@ class StockRope:
         """Its frequencies follow the sequence length: in a batch the longest row would set them for all."""
         return self.rope_type == "dynamic"
 
+    def same_as_unscaled(self, longest: int, trained: int | None) -> bool:
+        """It computes the model's own RoPE on sequences of at most `longest` positions.
+
+        YaRN at factor 1 blends a frequency with itself, attention factor 1. Dynamic NTK at
+        any factor keeps the base until a sequence passes `trained` (max_position_embeddings).
+        """
+        if self.rope_type == "yarn":
+            return self.factor == 1.0
+        return bool(trained) and longest <= trained
+
+
+@dataclass(frozen=True)
+class SearchTask:
+    """The task a curve was searched on (`provenance.search.task`): what validation uses by default."""
+
+    data: str | None  # the --data description (a relative file path as given, else its name); None: the default
+    chat_template: bool
+    answer_tokens: int | None  # the answer budget (TaskConfig.answer_tokens); None: the answer's own tokens
+    prompt_tokens: tuple[int, int] | None = None  # shortest and longest calibration prompt, in tokens
+
+    def to_json(self) -> dict[str, Any]:
+        return {"data": self.data, "chat_template": self.chat_template, "answer_tokens": self.answer_tokens,
+                "prompt_tokens": None if self.prompt_tokens is None else list(self.prompt_tokens)}
+
+
+@dataclass(frozen=True)
+class RopeScheme:
+    """How each layer applies its scale s_h: `linear` (inv_freq / s_h), or transformers' `yarn` / `dynamic` at s_h.
+
+    YaRN's parameters left None take transformers' defaults (beta 32 and 1) and the model's
+    trained length (`resolved` writes them out for a model).
+    """
+
+    rope_type: str = "linear"
+    beta_fast: float | None = None
+    beta_slow: float | None = None
+    original_max_position_embeddings: int | None = None
+
+    @property
+    def name(self) -> str:
+        return "linear" if self.rope_type == "linear" else STOCK_ROPE_TYPES[self.rope_type]
+
+    @property
+    def linear(self) -> bool:
+        return self.rope_type == "linear"
+
+    @property
+    def length_dependent(self) -> bool:
+        """Its frequencies follow the sequence length: in a batch the longest row would set them for all."""
+        return self.rope_type == "dynamic"
+
+    @property
+    def parameters(self) -> dict[str, Any]:
+        """The scheme's parameters that are set (the spec's `rope_parameters`)."""
+        return {k: getattr(self, k) for k in ROPE_SCHEMES[self.rope_type] if getattr(self, k) is not None}
+
+    def for_lpes_rope(self) -> dict[str, Any]:
+        """The `rope` argument of lpes_rope.apply_layer_scales (and config.json's "lpes" -> "rope")."""
+        return {"rope_type": self.rope_type, **self.parameters}
+
+    def stock(self, factor: float) -> StockRope:
+        """The stock RoPE that a curve with `factor` in every layer is (yarn, dynamic only)."""
+        return StockRope(self.rope_type, float(factor))
+
+    def resolved(self, config) -> RopeScheme:
+        """The parameters a model gives the ones left out (YaRN: transformers' betas, the trained length)."""
+        if self.rope_type != "yarn":
+            return self
+        fast, slow = YARN_DEFAULT_BETAS
+        return replace(self, beta_fast=self.beta_fast if self.beta_fast is not None else fast,
+                       beta_slow=self.beta_slow if self.beta_slow is not None else slow,
+                       original_max_position_embeddings=self.original_max_position_embeddings
+                       or int(config.max_position_embeddings))
+
+
+LINEAR_ROPE = RopeScheme()  # every spec before rope_type existed
+
 
 @dataclass(frozen=True)
 class Spec:
-    """Per-layer RoPE scales, the curve they came from, and where they came from."""
+    """Per-layer RoPE scales, the curve they came from, how they are applied, and where they came from."""
 
     scales: tuple[float, ...] | None
     curve: Curve | None = None
     provenance: dict[str, Any] = field(default_factory=dict)
+    rope: RopeScheme = LINEAR_ROPE
 
     @property
     def num_layers(self) -> int | None:
@@ -143,6 +241,26 @@ class Spec:
         return tuple(StockRope(e["rope_type"], float(e["factor"])) for e in entries or ())
 
     @property
+    def search_task(self) -> SearchTask | None:
+        """The task lpes-search calibrated on (`provenance.search.task`), None if not recorded.
+
+        A spec written before the field was recorded gives its `search.data` and `search.chat_template`.
+        """
+        search = self.provenance.get("search")
+        if not isinstance(search, dict):
+            return None
+        task = search.get("task")
+        if isinstance(task, dict):
+            tokens = task.get("prompt_tokens")
+            return SearchTask(task.get("data"), task.get("chat_template", True), task.get("answer_tokens"),
+                              None if tokens is None else (int(tokens[0]), int(tokens[1])))
+        chat, data = search.get("chat_template"), search.get("data")
+        if isinstance(chat, bool) and (data is None or isinstance(data, str)):
+            answer = search.get("answer_tokens")
+            return SearchTask(data, chat, answer if _is_int(answer) and answer >= 1 else None)
+        return None
+
+    @property
     def base_model(self) -> str | None:
         """The model the spec was searched on or converted from (`provenance.base_model`), if recorded."""
         value = self.provenance.get("base_model")
@@ -153,19 +271,25 @@ class Spec:
         if isinstance(num_layers, bool) or not isinstance(num_layers, int) or not 1 <= num_layers <= MAX_LAYERS:
             raise LpesError(f"the model has {_show(num_layers)} layers; lpes supports 1..{MAX_LAYERS}")
         if self.scales is None:
-            return replace(self, scales=tuple(_check_scales(self.curve.scales(num_layers), "curve")))
+            scales = tuple(_check_scales(self.curve.scales(num_layers), "curve"))
+            _check_scheme_scales(scales, self.rope, "curve")
+            return replace(self, scales=scales)
         if len(self.scales) != num_layers:
             raise LpesError(f"spec: 'scales' has {len(self.scales)} entries but the model has {num_layers} layers")
+        _check_scheme_scales(self.scales, self.rope, "scales")
         return self
 
     @classmethod
-    def from_curve(cls, control_points, num_layers: int, provenance: dict | None = None) -> Spec:
+    def from_curve(cls, control_points, num_layers: int, provenance: dict | None = None,
+                   rope: RopeScheme = LINEAR_ROPE) -> Spec:
         curve = _parse_curve({"control_points": control_points}, "curve.")
-        return cls(None, curve, dict(provenance or {})).for_layers(num_layers)
+        return cls(None, curve, dict(provenance or {}), rope).for_layers(num_layers)
 
     @classmethod
-    def from_scales(cls, scales, provenance: dict | None = None) -> Spec:
-        return cls(tuple(_check_scales(scales, "scales")), None, dict(provenance or {}))
+    def from_scales(cls, scales, provenance: dict | None = None, rope: RopeScheme = LINEAR_ROPE) -> Spec:
+        checked = tuple(_check_scales(scales, "scales"))
+        _check_scheme_scales(checked, rope, "scales")
+        return cls(checked, None, dict(provenance or {}), rope)
 
     def to_json(self) -> dict[str, Any]:
         if self.scales is None:
@@ -174,6 +298,10 @@ class Spec:
         out["scales"] = list(self.scales)
         if self.curve is not None:
             out["curve"] = self.curve.to_json()
+        if not self.rope.linear:  # absent means linear: files from before the field read the same
+            out["rope_type"] = self.rope.rope_type
+            if self.rope.parameters:
+                out["rope_parameters"] = self.rope.parameters
         out["provenance"] = self.provenance
         return out
 
@@ -187,7 +315,11 @@ def load_spec(path: str | os.PathLike, num_layers: int | None = None) -> Spec:
 
 def dump_spec(spec: Spec, path: str | os.PathLike) -> None:
     """Write `spec` to `path` atomically; refuses (LpesError) what load_spec would refuse to read back."""
-    data = (json.dumps(spec.to_json(), indent=2) + "\n").encode()
+    try:
+        data = (json.dumps(spec.to_json(), indent=2, allow_nan=False) + "\n").encode()
+    except ValueError:  # NaN or an infinity somewhere (the provenance is free-form): not JSON
+        raise LpesError(f"cannot write {path}: the spec holds NaN or an infinite number, which JSON cannot "
+                        "hold") from None
     _check_size(len(data), Path(path))
     parse_spec(_decode(data, Path(path)))
     write_bytes_atomic(Path(path), data)
@@ -207,7 +339,10 @@ def parse_spec(data: Any) -> Spec:
     if scales is None and curve is None:
         raise LpesError("spec: needs 'scales' or a curve ('curve' or 'control_points')")
     provenance = _check_provenance(data.get("provenance", {}))
-    spec = Spec(None if scales is None else tuple(_check_scales(scales, "scales")), curve, provenance)
+    rope = _parse_rope(data)
+    spec = Spec(None if scales is None else tuple(_check_scales(scales, "scales")), curve, provenance, rope)
+    if spec.scales is not None:
+        _check_scheme_scales(spec.scales, rope, "scales")
     if num_layers is not None:
         if spec.scales is not None and len(spec.scales) != num_layers:
             raise LpesError(f"spec: 'scales' has {len(spec.scales)} entries but 'num_layers' is {num_layers}")
@@ -272,13 +407,18 @@ def _decode(data: bytes, path: Path) -> Any:
     except UnicodeDecodeError as err:
         raise LpesError(f"spec file {path} is not UTF-8 text (byte {err.start})") from None
     try:
-        value = json.loads(text, object_pairs_hook=_unique_keys, parse_int=_parse_int)
+        value = json.loads(text, object_pairs_hook=_unique_keys, parse_int=_parse_int, parse_constant=_no_constant)
     except RecursionError:
         raise LpesError(f"spec file {path}: nested deeper than {MAX_DEPTH} levels") from None
     except ValueError as err:
         raise LpesError(f"spec file {path} is not valid JSON: {err}") from None
     _check_structure(value)
     return value
+
+
+def _no_constant(name: str) -> Any:
+    """NaN, Infinity, -Infinity: Python's json reads them, but they are not JSON and other readers refuse them."""
+    raise LpesError(f"spec: {name} is not a JSON value (write a number, or null for none)")
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -407,6 +547,52 @@ def _check_scales(scales: Any, name: str) -> list[float]:
     return out
 
 
+def _parse_rope(data: dict) -> RopeScheme:
+    """`rope_type` (default linear) and its `rope_parameters`, checked as strictly as the rest."""
+    rope_type = data.get("rope_type", "linear")
+    if not isinstance(rope_type, str) or rope_type not in ROPE_SCHEMES:
+        hint = ""
+        if rope_type == "ntk":
+            hint = " (transformers has no static NTK RoPE; dynamic is its NTK-aware scheme)"
+        raise LpesError(f"spec: 'rope_type' must be one of {', '.join(ROPE_SCHEMES)}, got {_show(rope_type)}{hint}")
+    parameters = data.get("rope_parameters")
+    if parameters is None:
+        return RopeScheme(rope_type)
+    if not isinstance(parameters, dict):
+        raise LpesError(f"spec: 'rope_parameters' must be an object, got {_type_name(parameters)}")
+    known = ROPE_SCHEMES[rope_type]
+    if not known and parameters:
+        raise LpesError(f"spec: 'rope_parameters' has no fields for rope_type {rope_type!r} "
+                        f"(only yarn takes {', '.join(ROPE_SCHEMES['yarn'])})")
+    _check_keys(parameters, known, "rope_parameters.")
+    for key in ("beta_fast", "beta_slow"):
+        value = parameters.get(key)
+        if value is not None and not (_is_number(value) and math.isfinite(value) and 0 < value <= MAX_SCALE):
+            raise LpesError(f"spec: 'rope_parameters.{key}' must be a number in (0, {MAX_SCALE:g}], got {_show(value)}")
+    fast, slow = (d if parameters.get(k) is None else parameters[k]
+                  for k, d in zip(("beta_fast", "beta_slow"), YARN_DEFAULT_BETAS))
+    if rope_type == "yarn" and not fast > slow:
+        raise LpesError(f"spec: 'rope_parameters.beta_fast' ({_show(fast)}) must be greater than beta_slow "
+                        f"({_show(slow)}); YaRN's ramp runs from one to the other")
+    original = parameters.get("original_max_position_embeddings")
+    if original is not None and not (_is_int(original) and 1 <= original <= MAX_POSITIONS):
+        raise LpesError("spec: 'rope_parameters.original_max_position_embeddings' must be an integer in "
+                        f"1..{MAX_POSITIONS}, got {_show(original)}")
+    return RopeScheme(rope_type, *(None if parameters.get(k) is None else float(parameters[k])
+                                   for k in ("beta_fast", "beta_slow")), original)
+
+
+def _check_scheme_scales(scales, rope: RopeScheme, name: str) -> None:
+    """YaRN and dynamic NTK take factors >= 1 (below it neither extends anything; transformers warns)."""
+    if rope.linear:
+        return
+    for i, value in enumerate(scales):
+        if value < 1.0:
+            where = f"'{name}[{i}]' is" if name == "scales" else f"the curve gives layer {i} the scale"
+            raise LpesError(f"spec: {where} {_show(value)}; a {rope.name} factor (rope_type "
+                            f"{rope.rope_type!r}) must be at least 1")
+
+
 def _check_provenance(provenance: Any) -> dict[str, Any]:
     """Free-form, except the entries other stages read: those must have the type they are read as."""
     if not isinstance(provenance, dict):
@@ -425,7 +611,32 @@ def _check_provenance(provenance: Any) -> dict[str, Any]:
             raise LpesError(f"spec: 'provenance.search.best_uniform_scale' is {_show(uniform)}; "
                             f"a scale must lie in {_SCALE_RANGE}")
     _check_stock_baselines(provenance.get("search", {}).get("stock_baselines"))
+    _check_search_task(provenance.get("search", {}).get("task"))
     return provenance
+
+
+SEARCH_TASK_KEYS = ("data", "chat_template", "answer_tokens", "prompt_tokens")
+
+
+def _check_search_task(task: Any) -> None:
+    where = "provenance.search.task"
+    if task is None:
+        return
+    if not isinstance(task, dict):
+        raise LpesError(f"spec: '{where}' must be an object, got {_type_name(task)}")
+    _check_keys(task, SEARCH_TASK_KEYS, where)
+    if task.get("data") is not None and not (isinstance(task["data"], str) and task["data"].strip()):
+        raise LpesError(f"spec: '{where}.data' must be a --data description or null, got {_show(task['data'])}")
+    if "chat_template" in task and not isinstance(task["chat_template"], bool):
+        raise LpesError(f"spec: '{where}.chat_template' must be true or false, got {_show(task['chat_template'])}")
+    answer = task.get("answer_tokens")
+    if answer is not None and not (_is_int(answer) and 1 <= answer <= MAX_ANSWER_TOKENS):
+        raise LpesError(f"spec: '{where}.answer_tokens' must be an integer in 1..{MAX_ANSWER_TOKENS} or null, "
+                        f"got {_show(answer)}")
+    tokens = task.get("prompt_tokens")
+    if tokens is not None and not (isinstance(tokens, list) and len(tokens) == 2 and all(_is_int(n) for n in tokens)
+                                   and 0 <= tokens[0] <= tokens[1]):
+        raise LpesError(f"spec: '{where}.prompt_tokens' must be [shortest, longest] token counts, got {_show(tokens)}")
 
 
 def _check_stock_baselines(entries: Any) -> None:

@@ -51,38 +51,45 @@ def parse_baselines(text: str) -> tuple[str, ...]:
 def scan_stock_baselines(evaluator, rope_types: Sequence[str], grid: Sequence[float], chunk: int,
                          progress: bool = True) -> list[BaselineResult]:
     """Each of `rope_types` at its best factor among `grid`'s values >= 1, on the evaluator's examples."""
-    from tqdm.auto import tqdm
+    from lpes.search.progress import StepProgress
 
     factors = sorted(f for f in grid if f >= 1.0)
     if not factors or not rope_types:
         return []
     results = []
-    bar = tqdm(total=len(factors) * len(rope_types), desc="stock baselines", unit="factor", disable=not progress)
-    for rope_type in rope_types:
-        tokens_before = evaluator.forward_tokens
-        best_factor, best_correct = factors[0], -1
-        for factor in factors:
-            bar.set_postfix_str(StockRope(rope_type, factor).name)
-            correct = _race(evaluator, StockRope(rope_type, factor), best_correct, chunk)
-            if correct is not None and correct > best_correct:
-                best_factor, best_correct = factor, correct
-            bar.update()
-        results.append(BaselineResult(rope_type=rope_type, factor=best_factor,
-                                      fitness=best_correct / evaluator.num_examples, factors_scanned=factors,
-                                      tokens=evaluator.forward_tokens - tokens_before))
-    bar.close()
+    # A progress line from the first chunk on: factors done of all, tokens/s, ETA (search/progress.py).
+    bar = StepProgress("lpes-search stock baselines", len(factors) * len(rope_types),
+                       len(factors) * len(rope_types) * evaluator.num_examples, lambda: evaluator.forward_tokens,
+                       progress, noun="factors")
+    try:
+        for rope_type in rope_types:
+            tokens_before = evaluator.forward_tokens
+            best_factor, best_correct = factors[0], -1
+            for factor in factors:
+                correct = _race(evaluator, StockRope(rope_type, factor), best_correct, chunk, bar)
+                if correct is not None and correct > best_correct:
+                    best_factor, best_correct = factor, correct
+                bar.finished(raced_out=correct is None)
+            results.append(BaselineResult(rope_type=rope_type, factor=best_factor,
+                                          fitness=best_correct / evaluator.num_examples, factors_scanned=factors,
+                                          tokens=evaluator.forward_tokens - tokens_before))
+    finally:
+        bar.close()
     return results
 
 
-def _race(evaluator, rope: StockRope, to_beat: int, chunk: int) -> int | None:
+def _race(evaluator, rope: StockRope, to_beat: int, chunk: int, bar) -> int | None:
     """Right answers of `rope` on every example, or None once it cannot pass `to_beat`."""
     total, correct, done = evaluator.num_examples, 0, 0
+    bar.begin(rope.name)
     while done < total:
         if correct + total - done <= to_beat:
+            bar.skipped(total - done)
             return None
         ids = list(range(done, min(done + chunk, total)))
         correct += sum(evaluator.correct(rope, ids))
         done += len(ids)
+        bar.computed(len(ids))
     return correct
 
 

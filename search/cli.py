@@ -13,7 +13,7 @@ DEFAULTS = SearchOptions()
 
 EPILOG = """\
 examples:
-  lpes-search lpes-tiny-kv --out demo-out/best.json --data tiny-kv:examples=8 --population 12 --generations 8
+  lpes-search lpes-tiny-kv --out kv-out/best.json --data tiny-kv:examples=8 --population 12 --generations 8
   lpes-search lpes-tiny-kv --out best.json --population 12 --generations 6
   lpes-search meta-llama/Llama-2-7b-chat-hf --out best.json --data kv:pairs=75,examples=40,gold=0+24+49+74
 
@@ -23,6 +23,9 @@ task's defaults. The forms, with the values a field left out gets:
   tiny-kv:pairs=16,length=1024,examples=20,gold=0+4+8+12+15,seed=0
         the bundled model's task (these values: lpes-tiny-kv's lpes_task.json): pairs facts
         among filler, prompts of length positions
+  tiny-induction:pairs=16,length=512,examples=20,gold=0+4+8+12+15,seed=0
+        the second bundled model's task (lpes-tiny-induction's, make demo's): facts written
+        "k{key} k{decoy} v{value}" among filler, prompts of length positions
   kv:pairs=75,examples=25,gold=0+24+49+74,seed=0
         the lost-in-the-middle task: UUID keys and values, generated as the benchmark does
   kv:file=FILE.jsonl,examples=N or FILE.jsonl (or .jsonl.gz)
@@ -103,9 +106,20 @@ def build_parser() -> argparse.ArgumentParser:
                         help="stock RoPE types to scan after the search, each at its best factor of the grid "
                         "(>= 1) on the calibration examples, for validation to score beside the curve: yarn, "
                         "dynamic (NTK), comma-separated, or none (default %(default)s)")
+    parser.add_argument("--rope-type", default=DEFAULTS.rope_type, choices=["linear", "yarn", "dynamic"],
+                        help="how each layer applies its scale s_h: linear (inv_freq / s_h, default), or "
+                        "transformers' yarn or dynamic (NTK) RoPE at factor s_h, so that one factor for every "
+                        "layer is that stock type and the uniform scan is its baseline (needs plain RoPE; "
+                        "--scale-grid from 1 up). There is no static ntk: transformers has none")
     parser.add_argument("--no-racing", dest="racing", action="store_false",
                         help="score every candidate on every example (same result, more work)")
-    parser.add_argument("--no-chat-template", dest="chat_template", action="store_false")
+    parser.add_argument("--no-chat-template", dest="chat_template", action="store_false",
+                        help="do not wrap prompts in the tokenizer's chat template (the spec records the choice; "
+                        "lpes-convert and lpes-validate then validate the same way)")
+    parser.add_argument("--answer-tokens", type=int, default=None, metavar="N",
+                        help="tokens the model may write before the value must have appeared, scored by greedy "
+                        "generation (the benchmark: 100); default: the task's (100 for kv, the value's own tokens "
+                        "for the bundled tasks, checked in one forward pass); recorded in the spec")
     parser.add_argument("--force", action="store_true", help="overwrite an existing spec file")
     return parser
 
@@ -117,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         scale_grid=args.scale_grid, seed=args.seed, holdout=args.holdout, device=args.device, dtype=args.dtype,
         method=args.method, ties=args.ties, racing=args.racing, batch_size=args.batch_size,
         chat_template=args.chat_template, ray=args.ray, replicas=args.replicas,
-        gpus_per_replica=args.gpus_per_replica, baselines=args.baselines,
+        gpus_per_replica=args.gpus_per_replica, baselines=args.baselines, rope_type=args.rope_type,
+        answer_tokens=args.answer_tokens,
     )
     search(args.model, args.out, options, force=args.force)
     return 0

@@ -12,7 +12,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from lpes.search.replicas import Candidate, ReplicaPool
+from lpes.search.replicas import Candidate, ReplicaPool, SchemeScales
+from lpes.spec import LINEAR_ROPE, RopeScheme
 
 METHODS = ("teacher-forced", "greedy")
 
@@ -28,12 +29,15 @@ class ReplicaUsage:
 class ModelEvaluator:
     """Eq. 7 verdicts for chosen examples; `forward_tokens` counts the positions computed."""
 
-    def __init__(self, pool: ReplicaPool, num_examples: int):
-        self.pool, self.num_examples = pool, num_examples
+    def __init__(self, pool: ReplicaPool, num_examples: int, rope: RopeScheme = LINEAR_ROPE):
+        """`rope`: how the genomes' scales are applied (`--rope-type`); stock baselines are scored as they are."""
+        self.pool, self.num_examples, self.rope = pool, num_examples, rope
         self.forward_tokens = 0
         self.usage = [ReplicaUsage() for _ in range(pool.size)]
 
     def correct(self, candidate: Candidate, example_ids: list[int]) -> list[bool]:
+        if isinstance(candidate, tuple) and not self.rope.linear:
+            candidate = SchemeScales(candidate, self.rope)
         # Every replica takes an equal share; a verdict depends on (candidate, example) only, so
         # how the chunk is cut never changes the result.
         shares = [example_ids[k::self.pool.size] for k in range(self.pool.size)]

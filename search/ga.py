@@ -121,12 +121,34 @@ def _rng_from_json(data: list) -> random.Random:
     return rng
 
 
+class StepProgress(Protocol):
+    """What a step reports while it races (search/progress.py draws it)."""
+
+    def computed(self, verdicts: int) -> None: ...
+    def skipped(self, verdicts: int) -> None: ...
+    def finished(self, raced_out: bool = False) -> None: ...
+    def close(self) -> None: ...
+
+
+class _Silent:
+    def computed(self, verdicts: int) -> None: ...
+    def skipped(self, verdicts: int) -> None: ...
+    def finished(self, raced_out: bool = False) -> None: ...
+    def close(self) -> None: ...
+
+
 class GeneticSearch:
     def __init__(self, space: SearchSpace, evaluator: Evaluator, settings: GASettings,
-                 on_generation: Callable[[SearchState], None] | None = None):
-        """`on_generation` runs after every generation (checkpointing, progress)."""
+                 on_generation: Callable[[SearchState], None] | None = None,
+                 step_progress: Callable[[str, int, int], StepProgress] | None = None):
+        """`on_generation` runs after every generation (checkpointing, progress).
+
+        `step_progress(label, candidates, verdicts)` opens the progress of one step (the uniform
+        scan, the first population, a generation): its candidates and the verdicts it needs at most.
+        """
         self.space, self.evaluator, self.settings = space, evaluator, settings
         self.on_generation = on_generation
+        self.step_progress = step_progress or (lambda label, candidates, verdicts: _Silent())
 
     def run(self, state: SearchState | None = None) -> SearchState:
         """Run to the last generation from `state` (a resumed checkpoint) or from scratch."""
@@ -138,7 +160,8 @@ class GeneticSearch:
             self._scan_uniform(state)
             self._first_generation(state, rng)
         while state.generation < self.settings.generations:
-            scored = self._race(self._breed(state, rng), state, state.parents, self.settings.parents)
+            scored = self._race(self._breed(state, rng), state, state.parents, self.settings.parents,
+                                self._label(state.generation + 1))
             state.parents = _best(state.parents + scored, self.settings.parents, self._total)
             state.generation += 1
             self._end_generation(state, rng, scored)
@@ -148,11 +171,14 @@ class GeneticSearch:
     def _total(self) -> int:
         return self.evaluator.num_examples
 
+    def _label(self, generation: int, what: str = "") -> str:
+        return f"lpes-search gen {generation}/{self.settings.generations}" + (f" {what}" if what else "")
+
     def _scan_uniform(self, state: SearchState) -> None:
         """Generation -1: the best uniform curve, raced like the rest (ties: the gentler, or the smaller, scale)."""
         tokens_before = self.evaluator.forward_tokens
         genomes = [self.space.uniform(scale) for scale in self.space.grid.values]
-        best = _best(self._race(genomes, state, [], 1), 1, self._total)[0]
+        best = _best(self._race(genomes, state, [], 1, self._label(0, "uniform scan")), 1, self._total)[0]
         scale = self.space.grid.values[best.genome.y_index[0]]
         state.uniform = {"scale": scale, "fitness": best.fitness,
                          "tokens": self.evaluator.forward_tokens - tokens_before}
@@ -169,7 +195,8 @@ class GeneticSearch:
         known = [self._known(g, state) for g in genomes]
         scored = [s for s in known if s is not None]
         fresh = [g for g, s in zip(genomes, known) if s is None]
-        scored += self._race(fresh, state, scored, self.settings.parents)
+        scored += self._race(fresh, state, scored, self.settings.parents, self._label(0, "first population"),
+                             known=len(scored))
         state.parents = _best(scored, self.settings.parents, self._total)
         self._end_generation(state, rng, scored)
 
@@ -178,33 +205,49 @@ class GeneticSearch:
         fitness, order, *_ = state.seen.get(self._key(genome), (None, None))
         return None if fitness is None else Scored(genome, fitness, order, self._deviation(self._scales(genome)))
 
-    def _race(self, genomes: list[Genome], state: SearchState, parents: list[Scored], keep: int) -> list[Scored]:
+    def _race(self, genomes: list[Genome], state: SearchState, parents: list[Scored], keep: int,
+              label: str = "", known: int = 0) -> list[Scored]:
         """Score `genomes` just enough to know exactly the best `keep` of parents + genomes.
 
         Returns the genomes scored in full (every one without racing); see the module docstring.
+        `label` and `known` (candidates of the step already scored) are for the progress line.
         """
         runners = [self._runner(g, state) for g in genomes]
         scored: list[Scored] = []
+        if not runners:
+            return scored
+        progress = self.step_progress(label, known + len(runners), sum(self._total - len(r.done) for r in runners))
+        for _ in range(known):
+            progress.finished()
+        try:
+            self._race_runners(runners, state, parents, keep, scored, progress)
+        finally:
+            progress.close()
+        return scored
+
+    def _race_runners(self, runners: list[_Runner], state: SearchState, parents: list[Scored], keep: int,
+                      scored: list[Scored], progress: StepProgress) -> None:
         while runners:
             if self.settings.racing:
-                runners = self._drop_hopeless(runners, parents + scored, keep, state)
+                runners = self._drop_hopeless(runners, parents + scored, keep, state, progress)
                 if not runners:
                     break
                 runner = min(runners, key=lambda r: r.best_rank(self._total))
             else:
                 runner = runners[0]
-            self._score_chunk(runner, state, self._chunk_size(runner))
+            progress.computed(self._score_chunk(runner, state, self._chunk_size(runner)))
             if len(runner.done) == self._total:
                 runners.remove(runner)
+                progress.finished()
                 fitness = runner.correct / self._total
                 state.seen[runner.key] = [fitness, runner.order]
                 state.evaluations += 1
                 if fitness > state.best_fitness:
                     state.best_fitness, state.tokens_to_best = fitness, self._tokens_now()
                 scored.append(Scored(runner.genome, fitness, runner.order, runner.deviation))
-        return scored
 
-    def _drop_hopeless(self, runners: list[_Runner], pool: list[Scored], keep: int, state: SearchState):
+    def _drop_hopeless(self, runners: list[_Runner], pool: list[Scored], keep: int, state: SearchState,
+                       progress: StepProgress):
         """The runners that could still rank among the best `keep` of `pool` and themselves."""
         if len(pool) < keep:
             return runners
@@ -216,6 +259,8 @@ class GeneticSearch:
             else:
                 state.seen[runner.key] = [None, runner.order, runner.correct, sorted(runner.done)]
                 state.raced_out += 1
+                progress.skipped(self._total - len(runner.done))
+                progress.finished(raced_out=True)
         return alive
 
     def _runner(self, genome: Genome, state: SearchState) -> _Runner:
@@ -232,8 +277,8 @@ class GeneticSearch:
             return self._total
         return min(self.settings.chunk, max(self.settings.first_chunk, len(runner.done)))
 
-    def _score_chunk(self, runner: _Runner, state: SearchState, size: int) -> None:
-        """Score `runner` on the next `size` examples it has not met, those failed most often first."""
+    def _score_chunk(self, runner: _Runner, state: SearchState, size: int) -> int:
+        """Score `runner` on the next `size` examples it has not met, those failed most often first; how many."""
         todo = sorted((i for i in range(self._total) if i not in runner.done), key=lambda i: (-state.failures[i], i))
         ids = todo[:size]
         verdicts = self.evaluator.correct(runner.scales, ids)
@@ -241,6 +286,7 @@ class GeneticSearch:
         runner.done.update(ids)
         for i, ok in zip(ids, verdicts):
             state.failures[i] += not ok
+        return len(ids)
 
     def _breed(self, state: SearchState, rng: random.Random) -> list[Genome]:
         children: list[Genome] = []

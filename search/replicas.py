@@ -33,11 +33,20 @@ from pathlib import Path
 from typing import Protocol, TypedDict
 
 from lpes.errors import LpesError
-from lpes.spec import StockRope
+from lpes.spec import RopeScheme, StockRope
 from lpes.validation.examples import Example
 
-# What a replica scores: one scale per decoder layer, or a stock RoPE type at a factor.
-Candidate = tuple[float, ...] | StockRope
+
+@dataclass(frozen=True)
+class SchemeScales:
+    """One scale per decoder layer applied through a per-layer scheme other than linear (`--rope-type`)."""
+
+    scales: tuple[float, ...]
+    rope: RopeScheme
+
+
+# What a replica scores: one (linear) scale per decoder layer, scales under a scheme, or a stock RoPE type.
+Candidate = tuple[float, ...] | SchemeScales | StockRope
 
 RAY_INSTALL = "--ray needs Ray: pip install 'lpes[ray]' (Ray 2.60 or later)"
 # A batch whose replica dies this many times in a row is a fault of the batch or the cluster, not bad luck.
@@ -75,7 +84,7 @@ class ReplicaPool(Protocol):
         """Verdicts of `candidate` on each share of example ids, one share per replica, in order."""
         ...
 
-    def greedy_accuracy(self, scales: tuple[float, ...], examples: list[Example]) -> float:
+    def greedy_accuracy(self, scales: Candidate, examples: list[Example]) -> float:
         """Greedy accuracy (the benchmark's test) of `scales` on `examples`, on one replica."""
         ...
 
@@ -94,10 +103,33 @@ def check_replica_options(ray: str | None, replicas: int | None, gpus_per_replic
         import_ray()
         if device not in (None, "cpu"):
             raise LpesError(f"--device {device} with --ray: Ray assigns the GPUs; pass --device cpu for CPU replicas")
+        check_ray_address(ray)
     if gpus_per_replica > 1:
         _require_accelerate()
         if ray is None:
             device_groups(requested_devices(device), gpus_per_replica)
+
+
+# How long lpes waits for a --ray HOST:PORT to answer (ray.init itself would retry for minutes).
+RAY_CONNECT_TIMEOUT_S = 10.0
+
+
+def check_ray_address(address: str, timeout: float = RAY_CONNECT_TIMEOUT_S) -> None:
+    """--ray HOST:PORT (or ray://HOST:PORT) must accept a connection within `timeout` s; auto and local pass."""
+    import socket
+
+    if address in ("auto", "local"):
+        return
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise LpesError(f"--ray {address[:80]!r}: expected auto, local, HOST:PORT or ray://HOST:PORT")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except (OSError, ValueError) as err:
+        why = "no answer" if isinstance(err, TimeoutError) else (err.strerror or type(err).__name__).lower()
+        raise LpesError(f"no Ray cluster at --ray {address} ({why} within {timeout:g} s); start one with "
+                        "`ray start --head` or pass --ray local") from None
 
 
 def open_pool(model_path: Path, tokenizer, examples: list[Example], *, method: str, batch_size: int,
@@ -157,11 +189,11 @@ class Replica:
         return ShareResult(self.slot, tuple(example_ids), tuple(r.correct for r in scores.results),
                            scores.forward_tokens, time.perf_counter() - started)
 
-    def greedy_accuracy(self, scales: tuple[float, ...], examples: list[Example]) -> float:
+    def greedy_accuracy(self, scales: Candidate, examples: list[Example]) -> float:
         from lpes.validation.scoring import greedy_correct
 
         self._use(scales)
-        return greedy_correct(self.model, self.tokenizer, examples, self.batch_size).accuracy
+        return greedy_correct(self.model, self.tokenizer, examples, _batch_size(scales, self.batch_size)).accuracy
 
     def _use(self, candidate: Candidate) -> None:
         from lpes.converter.reference import apply, use_stock_rope
@@ -171,6 +203,8 @@ class Replica:
             return
         if isinstance(candidate, StockRope):
             use_stock_rope(self.model, candidate)
+        elif isinstance(candidate, SchemeScales):
+            apply(self.model, Spec.from_scales(list(candidate.scales), rope=candidate.rope))
         else:
             apply(self.model, Spec.from_scales(list(candidate)))
         self._candidate = candidate
@@ -179,7 +213,8 @@ class Replica:
 def _batch_size(candidate: Candidate, batch_size: int) -> int:
     # A length-dependent RoPE (dynamic NTK) takes its frequencies from a batch's longest row:
     # one example at a time, each verdict is the example's own, as for every other candidate.
-    return 1 if isinstance(candidate, StockRope) and candidate.length_dependent else batch_size
+    rope = candidate.rope if isinstance(candidate, SchemeScales) else candidate
+    return 1 if isinstance(rope, (StockRope, RopeScheme)) and rope.length_dependent else batch_size
 
 
 def visible_devices() -> list[str]:
@@ -275,7 +310,7 @@ class LocalPool:
             return [replica.score(candidate, share) for replica, share in runs]
         return list(self._threads.map(lambda run: run[0].score(candidate, run[1]), runs))
 
-    def greedy_accuracy(self, scales: tuple[float, ...], examples: list[Example]) -> float:
+    def greedy_accuracy(self, scales: Candidate, examples: list[Example]) -> float:
         return self.replicas[0].greedy_accuracy(scales, examples)
 
     def close(self) -> None:
@@ -338,7 +373,7 @@ class RayPool:
             raise RuntimeError("replica results came back out of order")  # ActorPool.get_next keeps order
         return results
 
-    def greedy_accuracy(self, scales: tuple[float, ...], examples: list[Example]) -> float:
+    def greedy_accuracy(self, scales: Candidate, examples: list[Example]) -> float:
         [accuracy] = self._run_all([lambda actor: actor.greedy_accuracy.remote(scales, examples)])
         return accuracy
 

@@ -20,8 +20,9 @@ from lpes.search.baselines import BaselineResult, describe, parse_baselines, sca
 from lpes.search.fitness import METHODS, ModelEvaluator, UsageMeter
 from lpes.search.ga import GASettings, GeneticSearch, SearchState
 from lpes.search.genome import ScaleGrid, SearchSpace
+from lpes.search.progress import StepProgress
 from lpes.search.replicas import ReplicaPool, check_replica_options, open_pool
-from lpes.spec import Spec, StockRope, dump_spec, write_text_atomic
+from lpes.spec import ROPE_SCHEMES, RopeScheme, SearchTask, Spec, StockRope, dump_spec, write_text_atomic
 
 TIES = ("gentle", "first")
 DTYPE_CHOICES = ("auto", "float32", "float16", "bfloat16")
@@ -61,6 +62,11 @@ class SearchOptions:
     gpus_per_replica: int = 1  # a replica spans this many GPUs (transformers' device map)
     # Stock RoPE types scanned as baselines after the search (search/baselines.py), or "none".
     baselines: str = "yarn,dynamic"
+    # The answer budget (TaskConfig.answer_tokens) over the task's own; None: the task's.
+    answer_tokens: int | None = None
+    # How each layer applies its scale (lpes_rope.py): linear inv_freq / s, or transformers' yarn / dynamic
+    # at factor s, whose uniform curves are the stock baselines of that type.
+    rope_type: str = "linear"
 
 
 def check_options(options: SearchOptions) -> tuple[ScaleGrid, GASettings]:
@@ -82,13 +88,31 @@ def check_options(options: SearchOptions) -> tuple[ScaleGrid, GASettings]:
     _check_devices(options.device)
     check_replica_options(options.ray, options.replicas, options.gpus_per_replica, options.device)
     parse_baselines(options.baselines)
+    check_answer_tokens(options.answer_tokens)
     grid = ScaleGrid.parse(options.scale_grid)
     if not grid.values:
         raise LpesError(f"--scale-grid {options.scale_grid!r} has no values")
+    _check_rope_type(options.rope_type, grid, options.scale_grid)
     settings = GASettings(population=options.population, generations=options.generations,
                           parents=max(1, options.population // 2), seed=options.seed, racing=options.racing,
                           ties=options.ties)
     return grid, settings
+
+
+def check_answer_tokens(value: int | None) -> None:
+    """--answer-tokens, the same for lpes-search, lpes-validate and lpes-convert."""
+    from lpes.spec import MAX_ANSWER_TOKENS
+
+    if value is not None:
+        _check_range("--answer-tokens", value, 1, MAX_ANSWER_TOKENS)
+
+
+def _check_rope_type(rope_type: str, grid: ScaleGrid, text: str) -> None:
+    if rope_type not in ROPE_SCHEMES:
+        raise LpesError(f"--rope-type must be one of {', '.join(ROPE_SCHEMES)}, got {rope_type!r}")
+    if rope_type != "linear" and min(grid.values) < 1.0:
+        raise LpesError(f"--scale-grid {text!r} with --rope-type {rope_type}: its factors must be >= 1 "
+                        "(below 1 it extends nothing); start the grid at 1 or more")
 
 
 def _check_range(flag: str, value: int, low: int, high: int) -> None:
@@ -120,10 +144,31 @@ def resolve_dtype(options: SearchOptions) -> str:
 
 def search(model: str, out: str | Path, options: SearchOptions = SearchOptions(), force: bool = False,
            progress: bool = True) -> Spec:
-    """Find the curve for `model`; write the spec to `out` and the plots next to it."""
+    """Find the curve for `model`; write the spec to `out` and the plots next to it.
+
+    As lpes-convert: one run per `out` at a time (its lock, lpes/outputs.py, which also owns the
+    checkpoint beside it), and every file it writes is checked before any work: names, a test write,
+    free space.
+    """
+    from lpes.outputs import check_files_beside, check_output_file, locked_output
+
+    check_options(options)
+    path = check_output_file(out, force)
+    check_files_beside(path, [path.name, path.name + ".state.json", path.stem + "_curve.png",
+                              path.stem + "_fitness.png"], SEARCH_OUTPUT_BYTES)
+    with locked_output(path):
+        return _search(model, path, options, force, progress)
+
+
+# What lpes-search writes at most: the spec, two plots and the checkpoint (its history grows per generation).
+SEARCH_OUTPUT_BYTES = 16 * 2**20
+
+
+def _search(model: str, out: Path, options: SearchOptions, force: bool, progress: bool) -> Spec:
     from lpes.converter.loading import load_config, model_fingerprint, model_label, resolve_model
-    from lpes.converter.reference import check_layout
+    from lpes.converter.reference import check_layout, check_rope_scheme
     from lpes.outputs import check_output_file, check_outside_model
+    from lpes.validation.report import shareable_data
     from lpes.validation.tasks import (
         check_vocabulary,
         examples_for,
@@ -138,7 +183,11 @@ def search(model: str, out: str | Path, options: SearchOptions = SearchOptions()
     check_outside_model(out, model_path)
     config = load_config(model_path)
     check_layout(config)
+    rope = RopeScheme(options.rope_type).resolved(config)  # YaRN's parameters written out for this model
+    check_rope_scheme(config, rope)  # per-layer yarn/dynamic need a plain RoPE: fail before any loading
     task = task_config(model_path, options.data)
+    if options.answer_tokens is not None:
+        task = replace(task, answer_tokens=options.answer_tokens)
     examples = examples_for(task, model_path, use_chat_template=options.chat_template, split="search")
     if not examples:
         raise LpesError("the calibration data has no examples")
@@ -147,6 +196,7 @@ def search(model: str, out: str | Path, options: SearchOptions = SearchOptions()
     tokenizer = _tokenizer(model_path)
     check_vocabulary(tokenizer, [f"{e.prompt} {e.answer}" for e in examples + held_out_data], "--data")
     holdout = _held_out_examples(held_out_data, options.holdout)
+    lengths = _lengths(tokenizer, examples)
     dtype = resolve_dtype(options)
     checkpoint = out.with_name(out.name + ".state.json")
     started = time.time()
@@ -159,8 +209,8 @@ def search(model: str, out: str | Path, options: SearchOptions = SearchOptions()
     # Racing chunks start at one example per replica (most hopeless genomes fail at once) and double
     # up to one full batch per replica: coarser chunks would waste tokens.
     settings = replace(settings, chunk=options.batch_size * pool.size, first_chunk=pool.size)
-    evaluator = ModelEvaluator(pool, len(examples))
-    reporter = _Reporter(settings.generations, progress, UsageMeter(evaluator.usage))
+    evaluator = ModelEvaluator(pool, len(examples), rope)
+    reporter = _Reporter(progress, UsageMeter(evaluator.usage), lambda: evaluator.forward_tokens)
 
     def after_generation(state: SearchState) -> None:
         write_text_atomic(checkpoint, json.dumps({"settings_key": key, "state": state.to_json()}))
@@ -169,12 +219,21 @@ def search(model: str, out: str | Path, options: SearchOptions = SearchOptions()
     # It scans the uniform scales first and seeds generation 0 with the best: with elitism the
     # curve found can only match or beat it on calibration.
     try:
-        state = GeneticSearch(space, evaluator, settings, after_generation).run(state)
-        reporter.close()
+        state = GeneticSearch(space, evaluator, settings, after_generation, reporter.step).run(state)
+        if state.parents[0].fitness <= 0:  # an all-ones curve would be written as if it were a finding
+            checkpoint.unlink(missing_ok=True)
+            raise LpesError(_nothing_scored(pool, tokenizer, examples, config.num_hidden_layers, options, task))
         best = state.parents[0].genome
-        spec = best.spec(grid, config.num_hidden_layers)
-        baselines, skipped = _stock_baselines(config, options, evaluator, grid, settings.chunk, progress)
+        spec = replace(best.spec(grid, config.num_hidden_layers), rope=rope)
+        baselines, skipped = _stock_baselines(config, options, evaluator, grid, settings.chunk, progress,
+                                              max(n for _, n in lengths))
+        if not rope.linear:  # the uniform scan was this stock type's own scan, raced the same way
+            baselines.insert(0, _uniform_as_stock(rope, state, grid))
         held_out = _held_out(pool, holdout, spec)
+        if task.answer_tokens is None:  # the one-pass check credits an answer only if it starts with the value
+            said = _answers_sample(pool, tokenizer, examples[:8], config.num_hidden_layers, 8)
+            if said:
+                print(f"lpes-search: warning: {said} (the unscaled model, on calibration prompts)", file=sys.stderr)
     finally:
         pool.close()
     provenance = {
@@ -188,17 +247,22 @@ def search(model: str, out: str | Path, options: SearchOptions = SearchOptions()
                    "raced_out": state.raced_out, "duplicates_skipped": state.duplicates_skipped,
                    "forward_tokens": state.forward_tokens, "tokens_to_best_fitness": state.tokens_to_best,
                    "history": state.history,
-                   "best_uniform_scale": state.uniform["scale"], "best_uniform_fitness": state.uniform["fitness"],
+                   # One linear scale for every layer; under yarn/dynamic the scan's best is a stock baseline.
+                   "best_uniform_scale": state.uniform["scale"] if rope.linear else None,
+                   "best_uniform_fitness": state.uniform["fitness"] if rope.linear else None,
                    "uniform_scan_tokens": state.uniform["tokens"],
-                   "stock_baselines": baselines, "stock_baselines_skipped": skipped},
+                   "stock_baselines": baselines, "stock_baselines_skipped": skipped,
+                   # What lpes-convert and lpes-validate validate on unless told otherwise (Spec.search_task).
+                   "task": SearchTask(shareable_data(options.data), options.chat_template, task.answer_tokens,
+                                      (min(p for p, _ in lengths), max(p for p, _ in lengths))).to_json()},
         "held_out": held_out,
         "replicas": pool.layout,
     }
-    spec = Spec(spec.scales, spec.curve, provenance)
+    spec = replace(spec, provenance=provenance)
     _write_outputs(spec, state, out)
     checkpoint.unlink(missing_ok=True)
     print(f"lpes-search: wrote {out} in {time.time() - started:.0f}s (fitness {state.parents[0].fitness:.3f}, "
-          f"held-out {held_out['unscaled']:.3f} -> {held_out['lpes']:.3f})", file=sys.stderr)
+          f"held-out {_score(held_out['unscaled'])} -> {_score(held_out['lpes'])})", file=sys.stderr)
     better = [b for b in baselines if b["fitness"] > state.parents[0].fitness]
     if better:
         names = ", ".join(f"{StockRope(b['rope_type'], b['factor']).name} ({b['fitness']:.3f})" for b in better)
@@ -208,18 +272,74 @@ def search(model: str, out: str | Path, options: SearchOptions = SearchOptions()
 
 
 def _stock_baselines(config, options: SearchOptions, evaluator: ModelEvaluator, grid: ScaleGrid, chunk: int,
-                     progress: bool) -> tuple[list[BaselineResult], dict[str, str]]:
-    """The stock RoPE types this model can take, each at its best factor; and why the others were left out."""
+                     progress: bool, longest: int) -> tuple[list[BaselineResult], dict[str, str]]:
+    """The stock RoPE types this model can take, each at its best factor; and why the others were left out.
+
+    A factor at which the type is the unscaled model on these examples (`longest` positions at most:
+    YaRN at 1, dynamic NTK within the trained length) is not scored again: the uniform scan had it.
+    """
     from lpes.converter.reference import stock_rope_unsupported
 
-    wanted = parse_baselines(options.baselines)
+    # --rope-type yarn/dynamic: that type's baseline is the uniform scan's best (search._uniform_as_stock).
+    wanted = tuple(t for t in parse_baselines(options.baselines) if t != options.rope_type)
     skipped = {t: why for t in wanted if (why := stock_rope_unsupported(config, t))}
+    trained = getattr(config, "max_position_embeddings", None)
+    grid_factors = [f for f in grid.values if f >= 1.0]
+    factors = {t: [f for f in grid_factors if not StockRope(t, f).same_as_unscaled(longest, trained)]
+               for t in wanted if t not in skipped}
+    for rope_type in [t for t, left in factors.items() if grid_factors and not left]:
+        skipped[rope_type] = (f"it is the unscaled model on these examples (each within the {trained} positions "
+                              "the model was trained for, where dynamic NTK changes nothing)" if rope_type == "dynamic"
+                              else "the grid's only factor >= 1 is 1, where it is the unscaled model")
+        del factors[rope_type]
     for rope_type, why in skipped.items():
         print(f"lpes-search: no {rope_type} baseline: {why}", file=sys.stderr)
-    results = scan_stock_baselines(evaluator, [t for t in wanted if t not in skipped], grid.values, chunk, progress)
+    results = [result for rope_type, left in factors.items()
+               for result in scan_stock_baselines(evaluator, [rope_type], left, chunk, progress)]
     if results:
         print(f"lpes-search: {describe(results)}", file=sys.stderr)
     return results, skipped
+
+
+def _lengths(tokenizer, examples: list) -> list[tuple[int, int]]:
+    """Per example: prompt tokens, and positions with the answer's budget (the longest a verdict reaches)."""
+    from lpes.validation.scoring import encode_examples
+
+    return [(len(e.prompt_ids), len(e.prompt_ids) + (x.answer_tokens or len(e.answer_ids)))
+            for e, x in zip(encode_examples(tokenizer, examples), examples, strict=True)]
+
+
+def _nothing_scored(pool: ReplicaPool, tokenizer, examples: list, layers: int, options: SearchOptions, task) -> str:
+    """The one line a search ends with when no candidate answered a single calibration example."""
+    budget = (f"{task.answer_tokens} tokens" if task.answer_tokens is not None
+              else "the value's own tokens, so the first token must be the value")
+    text = (f"no candidate answered any of the {len(examples)} calibration examples (every uniform scale, the "
+            "unscaled model included, scored 0), so there is no curve to write; the task does not fit this model "
+            f"as set up (chat template {'on' if options.chat_template else 'off'}, answer budget {budget})")
+    said = _answers_sample(pool, tokenizer, examples[:4], layers, max(task.answer_tokens or 0, 24), always=True)
+    text += f"; {said}" if said else ""
+    hints = ["--no-chat-template" if options.chat_template else "the chat template (drop --no-chat-template)",
+             "--answer-tokens 100" if task.answer_tokens is None else "a larger --answer-tokens", "other --data"]
+    return f"{text}. Try {', '.join(hints)}"
+
+
+def _answers_sample(pool: ReplicaPool, tokenizer, examples: list, layers: int, tokens: int,
+                    always: bool = False) -> str | None:
+    """What the unscaled model writes on `examples` (greedy, `tokens` at most), when most answers do not start
+    with the value (`always`: in any case); None on Ray replicas (their models are not in this process).
+
+    It leaves the first local replica's model unscaled behind its back: call it after the last scoring.
+    """
+    from lpes.converter.reference import apply
+    from lpes.validation.report import answers_not_value
+    from lpes.validation.scoring import greedy_correct
+
+    replicas = getattr(pool, "replicas", None)
+    if not replicas or not examples:
+        return None
+    apply(replicas[0].model, Spec.from_scales([1.0] * layers))
+    scores = greedy_correct(replicas[0].model, tokenizer, examples, max_new_tokens=tokens)
+    return answers_not_value(scores.results, examples, always=always)
 
 
 def _held_out_examples(examples: list, count: int) -> list:
@@ -278,12 +398,26 @@ def _resume(checkpoint: Path, options: SearchOptions, model_path: Path, force: b
     return state
 
 
+def _uniform_as_stock(rope: RopeScheme, state: SearchState, grid: ScaleGrid) -> BaselineResult:
+    """Under --rope-type yarn/dynamic a uniform curve is that stock type at its factor (lpes_rope, tested):
+    the uniform scan's best is the stock baseline, same racing, same tie rule (the smaller factor)."""
+    return BaselineResult(rope_type=rope.rope_type, factor=state.uniform["scale"], fitness=state.uniform["fitness"],
+                          factors_scanned=list(grid.values), tokens=state.uniform["tokens"])
+
+
+def _score(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
 def _held_out(pool: ReplicaPool, examples, best: Spec) -> dict:
     """Greedy accuracy (the benchmark's test) on held-out examples, unscaled and with the found curve."""
+    from lpes.search.replicas import SchemeScales
+
     if not examples:
-        return {"examples": 0, "unscaled": float("nan"), "lpes": float("nan")}
-    accuracy = {name: pool.greedy_accuracy(tuple(scales), examples)
-                for name, scales in (("unscaled", [1.0] * len(best.scales)), ("lpes", best.scales))}
+        return {"examples": 0, "unscaled": None, "lpes": None}  # null, not NaN: the spec is JSON
+    found = tuple(best.scales) if best.rope.linear else SchemeScales(tuple(best.scales), best.rope)
+    accuracy = {name: pool.greedy_accuracy(candidate, examples)
+                for name, candidate in (("unscaled", (1.0,) * len(best.scales)), ("lpes", found))}
     return {"examples": len(examples), **accuracy}
 
 
@@ -292,33 +426,30 @@ def _write_outputs(spec: Spec, state: SearchState, out: Path) -> None:
 
     dump_spec(spec, out)
     plot_curve(spec, out.with_name(out.stem + "_curve.png"), title="LPES curve found by lpes-search")
-    plot_fitness(state.history, out.with_name(out.stem + "_fitness.png"), uniform=state.uniform,
+    uniform = state.uniform if spec.rope.linear else None  # else drawn as its stock baseline
+    plot_fitness(state.history, out.with_name(out.stem + "_fitness.png"), uniform=uniform,
                  examples=len(state.failures), model=spec.base_model,  # failures: one count per example
                  stock=spec.provenance["search"]["stock_baselines"])
 
 
 class _Reporter:
-    """A progress bar over generations and a log line per generation."""
+    """A progress line inside every step (search/progress.py) and a log line per generation."""
 
-    def __init__(self, generations: int, enabled: bool, usage: UsageMeter):
-        from tqdm import tqdm
+    def __init__(self, enabled: bool, usage: UsageMeter, tokens):
+        self.enabled, self.usage, self.tokens = enabled, usage, tokens
 
-        self.bar = tqdm(total=generations + 1, desc="lpes-search", unit="gen", disable=not enabled)
-        self.enabled, self.usage = enabled, usage
+    def step(self, label: str, candidates: int, verdicts: int) -> StepProgress:
+        return StepProgress(label, candidates, verdicts, self.tokens, self.enabled)
 
     def __call__(self, state: SearchState) -> None:
+        from tqdm.auto import tqdm
+
         last = state.history[-1]
-        self.bar.n = state.generation + 1
         busy, rate = self.usage.step()
-        self.bar.set_postfix(best=f"{last['best']:.3f}", raced=last["raced_out"], dup=last["duplicates_skipped"],
-                             busy=f"{sum(busy) / len(busy):.0%} of {len(busy)}", tok_s=f"{sum(rate):.0f}")
         if self.enabled:
             mean = "n/a" if last["mean_scored"] is None else f"{last['mean_scored']:.3f}"
-            self.bar.write(f"generation {last['generation']}: best {last['best']:.3f}, mean {mean} over "
-                           f"{last['scored']} scored, {last['raced_out']} raced out, "
-                           f"{last['duplicates_skipped']} duplicates skipped, {last['forward_tokens']} tokens; "
-                           f"replicas busy {' '.join(f'{b:.0%}' for b in busy)}, "
-                           f"tokens/s {' '.join(f'{r:.0f}' for r in rate)}")
-
-    def close(self) -> None:
-        self.bar.close()
+            tqdm.write(f"generation {last['generation']}: best {last['best']:.3f}, mean {mean} over "
+                       f"{last['scored']} scored, {last['raced_out']} raced out, "
+                       f"{last['duplicates_skipped']} duplicates skipped, {last['forward_tokens']} tokens; "
+                       f"replicas busy {' '.join(f'{b:.0%}' for b in busy)}, "
+                       f"tokens/s {' '.join(f'{r:.0f}' for r in rate)}", file=sys.stderr)

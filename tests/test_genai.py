@@ -146,6 +146,48 @@ def test_a_layer_scaled_everywhere_drops_the_builders_cache(tmp_path):
     assert "cos_cache" not in inits and "sin_cache" not in inits
 
 
+def test_per_layer_yarn_package_generates_the_reference_tokens_with_yarns_own_caches(tmp_path):
+    """Each scaled layer reads YaRN's cos/sin at its factor (attention factor included), as transformers'
+    own rotary module computes them from a config.json that says yarn; layer 1 (factor 1) the builder's."""
+    from transformers import AutoModelForCausalLM
+
+    from lpes.spec import RopeScheme
+
+    model_dir = genai_model_dir("llama", tmp_path)
+    spec = Spec.from_scales(SCALES, rope=RopeScheme("yarn"))
+    package = export_genai(model_dir, spec, tmp_path / "genai")
+    assert genai_greedy(package) == torch_greedy(model_dir, spec, PROMPT, NEW_TOKENS)
+    assert load_spec(package / "lpes_spec.json") == spec
+    layers, inits = _rope_inputs(package)
+    assert layers[1] == ("cos_cache", "sin_cache")
+    for layer, factor in ((0, 4.0), (2, 2.0)):
+        config = json.loads((model_dir / "config.json").read_text())
+        config["rope_parameters"] = {"rope_type": "yarn", "rope_theta": config["rope_parameters"]["rope_theta"],
+                                     "factor": factor,
+                                     "original_max_position_embeddings": config["max_position_embeddings"]}
+        stock_dir = tmp_path / f"yarn-{factor:g}"
+        shutil.copytree(model_dir, stock_dir)
+        (stock_dir / "config.json").write_text(json.dumps(config))
+        rotary = AutoModelForCausalLM.from_pretrained(stock_dir).model.rotary_emb
+        cos_name, sin_name = layers[layer]
+        with torch.no_grad():
+            cos, sin = rotary(torch.zeros(1), torch.arange(inits[cos_name].shape[0])[None])
+        half = cos.shape[-1] // 2
+        np.testing.assert_allclose(inits[cos_name], cos[0, :, :half].numpy(), atol=1e-6, rtol=0)
+        np.testing.assert_allclose(inits[sin_name], sin[0, :, :half].numpy(), atol=1e-6, rtol=0)
+        linear, _ = _expected_cache(model_dir, inits[cos_name].shape[0], factor)
+        assert np.abs(inits[cos_name] - linear).max() > 1e-2  # not the linear scale's cache
+
+
+def test_per_layer_dynamic_ntk_is_refused_in_one_line(tmp_path):
+    from lpes.spec import RopeScheme
+
+    model_dir = genai_model_dir("llama", tmp_path)
+    with pytest.raises(LpesError, match="cannot run per-layer dynamic NTK .*fixed cos/sin caches") as info:
+        check_genai(model_dir, Spec.from_scales(SCALES, rope=RopeScheme("dynamic")))
+    assert "\n" not in str(info.value)
+
+
 def test_runner_goes_past_the_packages_own_eos(llama_builds, tmp_path):
     """The runtime stops at genai_config's EOS and drops it; eos_token_id=None must not."""
     _, scaled, _ = llama_builds

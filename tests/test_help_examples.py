@@ -156,3 +156,97 @@ def test_generate_example_answers_as_its_help_says():
     with torch.no_grad():
         logits = model(**tokenizer(prompt, return_tensors="pt")).logits[0, -1]
     assert tokenizer.convert_ids_to_tokens(int(logits.argmax())) == named
+
+
+# -- what the README says a command does, checked by running it (or against what runs it) --------
+
+MAKEFILE = README.parent / "Makefile"
+DEMO_OUT = "demo-out"
+
+
+def block_after(text: str, marker: str) -> list[str]:
+    """The lines of the first indented code block after the line holding `marker`."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if marker in line)
+    block: list[str] = []
+    for line in lines[start + 1:]:
+        if line.startswith("    "):
+            block.append(line.strip())
+        elif block and line.strip():
+            break
+    return block
+
+
+def make_demo_commands() -> list[str]:
+    """The lpes commands of the Makefile's demo target, as a user types them (no $(BIN)/, $(DEMO) spelled out)."""
+    lines = MAKEFILE.read_text().splitlines()
+    start = lines.index("demo: install")
+    recipe = []
+    for line in lines[start + 1:]:
+        if not line.startswith("\t"):
+            break
+        recipe.append(line.strip())
+    return [line.replace("$(BIN)/", "").replace("$(DEMO)", DEMO_OUT) for line in recipe
+            if line.startswith("$(BIN)/lpes-")]
+
+
+def test_readme_lists_what_make_demo_runs():
+    block = block_after(README.read_text(), "`make demo` runs (")
+    assert block == make_demo_commands()
+
+
+def test_readme_lines_after_the_demo_continue_on_its_output_and_overwrite_none_of_it():
+    """They use the demo's model and folder, and write (--out, lpes-validate's DIR) only under demo-out/next/."""
+    block = block_after(README.read_text(), "Then, on its output")
+    assert {shlex.split(line)[0] for line in block} >= {"lpes-generate", "lpes-convert", "lpes-validate"}
+    demo_model = shlex.split(make_demo_commands()[0])[1]
+    for line in block:
+        words = shlex.split(line)
+        args = build_parser(words[0]).parse_args(words[1:])
+        if words[0] == "lpes-generate":  # writes nothing; reads the demo's folder
+            assert str(args.dir).startswith(f"{DEMO_OUT}/"), line
+            continue
+        written = args.dir if words[0] == "lpes-validate" else args.out  # validate writes validation.* into DIR
+        assert str(written).startswith(f"{DEMO_OUT}/next/"), f"would write into the demo's output: {line}"
+        assert not getattr(args, "force", False), line
+        if words[0] != "lpes-validate":
+            assert args.model == demo_model, f"switches model: {line}"
+
+
+def test_every_data_form_make_demo_uses_is_documented():
+    tasks = {shlex.split(line)[shlex.split(line).index("--data") + 1].split(":")[0]
+             for line in make_demo_commands() if "--data" in line}
+    readme = README.read_text()
+    search_help = build_parser("lpes-search").format_help()
+    for task in tasks:
+        assert re.search(rf"^\| `{task}:", readme, re.M), f"README's Data table has no {task} row"
+        assert re.search(rf"^\s+{task}:", search_help, re.M), f"lpes-search --help names no {task} form"
+
+
+def test_tensorrt_without_a_gpu_does_what_readme_and_help_say(tmp_path, monkeypatch, capsys):
+    """No engine (no tensorrt, or no GPU): the recipe, the ONNX export kept, the exit status README names."""
+    from conftest import tiny_model_dir
+
+    from lpes.cli import convert_main
+    from lpes.exporters import tensorrt_build
+    from lpes.spec import Spec, dump_spec
+
+    readme = " ".join(README.read_text().split())
+    said = re.search(r"keeps the ONNX export and exits (\d)", readme)
+    assert said, "README no longer says how lpes-convert --to tensorrt ends without a GPU"
+    assert re.search(r"trtexec\.sh to build it there, and exit (\d)", " ".join(
+        build_parser("lpes-convert").format_help().split())).group(1) == said.group(1)
+    monkeypatch.setattr(tensorrt_build, "missing_requirements", lambda: "an NVIDIA GPU (the CUDA driver reports none)")
+    model = tiny_model_dir("llama", tmp_path)
+    dump_spec(Spec.from_scales([2.0, 1.0, 4.0]), tmp_path / "spec.json")
+    out = tmp_path / "out"
+    code = convert_main([str(model), "--curve", str(tmp_path / "spec.json"), "--to", "tensorrt", "--out", str(out),
+                         "--no-validate"])
+    captured = capsys.readouterr()
+    assert code == int(said.group(1)), captured.err[-2000:]
+    assert "engine built" not in captured.err  # no line claims what was not done
+    assert "writing tensorrt: the trtexec recipe only, no engine (this machine lacks an NVIDIA GPU" in captured.err
+    assert "TensorRT engine not built: this machine lacks an NVIDIA GPU" in captured.err
+    assert "trtexec \\\n    --onnx=../onnx/model.onnx" in captured.err  # the command, printed
+    assert (out / "onnx" / "model.onnx").is_file()  # the ONNX export is kept
+    assert sorted(p.name for p in (out / "tensorrt").iterdir()) == ["README.md", "trtexec.sh"]

@@ -21,7 +21,7 @@ from lpes.converter.loading import load_model
 from lpes.converter.portable_files import with_legacy_rope
 from lpes.converter.reference import apply
 from lpes.errors import LpesError
-from lpes.spec import Spec, load_spec
+from lpes.spec import RopeScheme, Spec, load_spec
 
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
@@ -283,6 +283,53 @@ def test_provider_choice_and_bfloat16_on_cpu_are_user_errors(main_export):
     check_dtype_supported("float16", "cpu")
 
 
+# -- per-layer yarn and dynamic NTK (spec rope_type) ---------------------------------------
+
+# The parity cases (prompts of 1 and 64 tokens, 8-32 decode steps) run on both sides of 16.
+SCHEME_TRAINED = 16
+
+
+def _scheme_export(tmp_path, rope_type: str, num_tokens: int = 16):
+    model_dir = tiny_model_dir("llama", tmp_path, max_position_embeddings=SCHEME_TRAINED)
+    spec = Spec.from_scales([2.0, 1.0, 3.0], rope=RopeScheme(rope_type))
+    onnx_dir = export_onnx(model_dir, spec, tmp_path / "onnx")
+    report = check_parity(model_dir, spec, onnx_dir, "float32", num_tokens=num_tokens)
+    assert report.passed, report.format()
+    assert report.max_abs_error <= 1e-4
+    assert report.unscaled_difference > 0.1  # at 64 positions, far from the plain model
+    meta = onnx_export.read_metadata(onnx_dir)
+    assert meta["rope"] == {"rope_type": rope_type} and load_spec(onnx_dir / "lpes_spec.json") == spec
+    return model_dir, spec, onnx_dir, meta
+
+
+def test_per_layer_dynamic_ntk_follows_the_length_in_the_graph(tmp_path):
+    """Its base grows with max(position_ids) + 1 in the graph: exact below and above the trained length."""
+    from lpes.exporters.tensorrt_cast import write_cast_onnx
+    from lpes.exporters.tensorrt_ops import check_tensorrt_support
+
+    model_dir, spec, onnx_dir, meta = _scheme_export(tmp_path, "dynamic")
+    assert meta["scaled_inv_freq_constants"] == {"1.0": None, "2.0": None, "3.0": None}  # computed in-graph
+    reference = apply(load_model(model_dir), spec)
+    runner = OrtCausalLM(onnx_dir, "cpu", threads=1)
+    for length in (SCHEME_TRAINED - 4, 40, 90):  # one graph, three lengths: nothing was frozen at the trace's
+        ids = torch.randint(4, 100, (1, length), generator=torch.Generator().manual_seed(length))
+        with torch.no_grad():
+            expected = reference(input_ids=ids).logits[0, -1].numpy()
+        _, [got] = runner.greedy_with_logits([ids[0].tolist()], 1)
+        assert np.abs(got[0] - expected).max() <= 1e-4
+    # The TensorRT path reads the same graph: its operators, and the float16 copy's, are all supported.
+    check_tensorrt_support(onnx_dir / "model.onnx")
+    write_cast_onnx(onnx_dir / "model.onnx", tmp_path / "cast" / "model.onnx", "float16")
+    check_tensorrt_support(tmp_path / "cast" / "model.onnx")
+
+
+@slow
+def test_per_layer_yarn_matches_the_reference_with_its_constants(tmp_path):
+    _, _, _, meta = _scheme_export(tmp_path, "yarn", num_tokens=8)
+    # YaRN at factor 1 is the model's own RoPE (layer 1); the others are constants of the graph.
+    assert meta["scaled_inv_freq_constants"] == {"2.0": "lpes.inv_freq.scale_2.0", "3.0": "lpes.inv_freq.scale_3.0"}
+
+
 # -- refusals before any work --------------------------------------------------------------
 
 
@@ -301,6 +348,8 @@ def no_loading(monkeypatch):
          "cannot export dynamic-NTK RoPE"),
         ({}, SPEC, "float64", "--dtype must be one of"),
         ({}, Spec.from_scales([2.0, 1.0]), "float32", "'scales' has 2 entries but the model has 3 layers"),
+        ({"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}},
+         Spec.from_scales([2.0, 1.0, 3.0], rope=RopeScheme("yarn")), "float32", "per-layer YaRN .* own RoPE is"),
     ],
 )
 def test_unexportable_input_fails_before_loading_weights(tmp_path, no_loading, overrides, spec, dtype, message):

@@ -142,9 +142,10 @@ def test_an_export_that_disagrees_fails_and_keeps_the_prompts(conversion, monkey
         fake = result.variant("fake")
         assert fake.disagreements == [1 + 12 * k for k in range(copies)]
         assert fake.allowed == allowed and result.passed is False
-    assert "FAIL" in (out / "validation.md").read_text()
+    # A failed run keeps the earlier scored results (the first run's, or an earlier test's) and writes beside them.
+    assert "FAIL" in (out / "validation.failed.md").read_text() and "kept the earlier" in result.format()
     assert "fake decodes differently from the reference on 5 of 60 examples" in result.format()
-    rows = json.loads((out / "validation.json").read_text())["examples"]
+    rows = json.loads((out / "validation.failed.json").read_text())["examples"]
     assert [row["id"] for row in rows if "prompt" in row] == fake.disagreements
     assert rows[1]["prompt"] == examples[1].prompt and rows[1]["generated"]["fake"] == "w97 w97"
 
@@ -175,7 +176,9 @@ def test_export_that_cannot_run_here_is_skipped(conversion, monkeypatch):
     result = report.validate(model_dir, out, SPEC, examples[:3], variants=["tensorrt"], progress=False)
     tensorrt = result.variant("tensorrt")
     assert tensorrt.status == "skipped" and "tensorrt" in tensorrt.note.lower() and tensorrt.scores is None
-    assert result.passed
+    # Written but not run here: the folder is not validated (no failure either).
+    assert result.verdict == "not validated" and not result.passed
+    assert "**not validated**: tensorrt not run (" in result.markdown()
     assert "| tensorrt | - | - | - | - | skipped: " in result.markdown()
 
 

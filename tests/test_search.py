@@ -168,16 +168,26 @@ def test_dtype_reaches_the_loaded_model_and_the_spec(tmp_path, tiny_kv_model, mo
     assert json.loads((tmp_path / "auto.json").read_text())["provenance"]["search"]["dtype"] == "float32"
 
 
-def test_search_on_benchmark_records_never_holds_out_a_calibration_record(tmp_path, capsys):
+def test_search_on_benchmark_records_never_holds_out_a_calibration_record(tmp_path, capsys, monkeypatch):
     """The benchmark's own records (tests/data): best.json names the two halves, and they are disjoint."""
+    from dataclasses import replace
+
     from conftest import tiny_model_dir
 
     from lpes.search.run import SearchOptions, search
-    from lpes.validation import kv_data
+    from lpes.validation import kv_data, scoring
+
+    calibration_correct = scoring.calibration_correct
+
+    def first_right(*args, **kwargs):  # a random model answers nothing, where a search stops (issue 28)
+        scores = calibration_correct(*args, **kwargs)
+        return replace(scores, results=tuple(replace(r, correct=r.example_id == 0) for r in scores.results))
+
+    monkeypatch.setattr(scoring, "calibration_correct", first_right)
 
     real = Path(__file__).parent / "data" / "kv-retrieval-75_keys.first12.jsonl.gz"
     options = SearchOptions(data=f"kv:file={real},gold=0+74", population=2, generations=0, holdout=100,
-                            scale_grid="1:2:1", chat_template=False)
+                            scale_grid="1:2:1", chat_template=False, answer_tokens=2)
     spec = search(str(tiny_model_dir("llama", tmp_path)), tmp_path / "best.json", options, progress=False)
     search_info = spec.provenance["search"]
     calibration = search_info["calibration_data"]["records"]

@@ -3,7 +3,6 @@
 import json
 import random
 import shutil
-from pathlib import Path
 
 import pytest
 from conftest import tiny_model_dir
@@ -105,11 +104,17 @@ def test_the_recorded_factors_score_what_transformers_gives_on_calibration(tmp_p
 
 
 def test_a_model_that_cannot_take_them_is_searched_and_says_why(tmp_path, capsys):
-    model = tiny_model_dir("llama", tmp_path,
-                           rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0})
-    real = Path(__file__).parent / "data" / "kv-retrieval-75_keys.first12.jsonl.gz"
-    code = search_main([str(model), "--out", str(tmp_path / "best.json"), "--data", f"kv:file={real},gold=0+74",
-                        "--population", "2", "--generations", "0", "--scale-grid", "1:2:1", "--no-chat-template"])
+    # The bundled model with its RoPE written as linear at factor 1: the same model (it answers, so the
+    # search writes a curve), whose own RoPE type the stock baselines cannot replace.
+    from lpes.converter.loading import resolve_model
+
+    model = tmp_path / "linear-model"
+    shutil.copytree(resolve_model("lpes-tiny-kv"), model)
+    config = json.loads((model / "config.json").read_text())
+    config["rope_parameters"] = {**config["rope_parameters"], "rope_type": "linear", "factor": 1.0}
+    (model / "config.json").write_text(json.dumps(config))
+    code = search_main([str(model), "--out", str(tmp_path / "best.json"), "--data", "tiny-kv:examples=1,length=512",
+                        "--population", "2", "--generations", "0", "--scale-grid", "1:2:1", "--holdout", "5"])
     assert code == 0
     search_record = json.loads((tmp_path / "best.json").read_text())["provenance"]["search"]
     assert search_record["stock_baselines"] == []
@@ -123,3 +128,81 @@ def test_none_skips_the_scan(tmp_path):
                             scale_grid="1:2:1", baselines="none")
     spec = search("lpes-tiny-kv", tmp_path / "best.json", options, progress=False)
     assert spec.stock_baselines == () and spec.provenance["search"]["stock_baselines"] == []
+
+
+# -- --rope-type: per-layer factors under yarn / dynamic, whose uniform scan is that stock type's scan -------
+
+
+def test_a_yarn_search_starts_from_stock_yarn_and_records_it_as_the_baseline(tmp_path):
+    """The uniform scan under --rope-type yarn is stock YaRN's scan: the baseline recorded for yarn is its
+    best, scored by a config.json that says yarn (loaded by plain transformers), and the curve is never
+    below it on calibration."""
+    from lpes.spec import RopeScheme
+
+    options = SearchOptions(data="tiny-kv:examples=2,length=512", population=4, generations=1, holdout=2,
+                            scale_grid="1:4:1", rope_type="yarn", baselines="yarn")
+    spec = search("lpes-tiny-kv", tmp_path / "best.json", options, progress=False)
+    assert spec.rope == RopeScheme("yarn", 32.0, 1.0, 256)  # written out for the model (its trained length)
+    assert load_spec(tmp_path / "best.json").rope == spec.rope
+    record = spec.provenance["search"]
+    assert record["rope_type"] == "yarn" and record["best_uniform_scale"] is None  # no linear uniform was scanned
+    [yarn] = record["stock_baselines"]
+    assert yarn["rope_type"] == "yarn" and yarn["factors_scanned"] == [1.0, 2.0, 3.0, 4.0]
+    assert record["fitness"] >= yarn["fitness"]
+    assert spec.stock_baselines == (StockRope("yarn", yarn["factor"]),)
+
+    from lpes.converter.loading import load_tokenizer, resolve_model
+
+    bundled = resolve_model("lpes-tiny-kv")
+    folder = tmp_path / "yarn-model"
+    shutil.copytree(bundled, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["rope_parameters"] = {"rope_type": "yarn", "rope_theta": config["rope_parameters"]["rope_theta"],
+                                 "factor": yarn["factor"],
+                                 "original_max_position_embeddings": config["max_position_embeddings"]}
+    (folder / "config.json").write_text(json.dumps(config))
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    calibration = examples_for(task_config(bundled, options.data), bundled, split="search")
+    assert scoring.teacher_forced_correct(model, load_tokenizer(bundled), calibration, 8).accuracy == yarn["fitness"]
+
+
+@pytest.mark.parametrize("options, message", [
+    (SearchOptions(rope_type="yarn", scale_grid="0.5:4:0.5"), "factors must be >= 1"),
+    (SearchOptions(rope_type="ntk"), "--rope-type must be one of linear, yarn, dynamic"),
+])
+def test_rope_type_settings_fail_before_any_model_is_loaded(options, message):
+    from lpes.search.run import check_options
+
+    with pytest.raises(LpesError, match=message):
+        check_options(options)
+
+
+def test_a_model_that_cannot_take_the_scheme_is_refused_before_loading(tmp_path, capsys):
+    model = tiny_model_dir("llama", tmp_path,
+                           rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0})
+    code = search_main([str(model), "--out", str(tmp_path / "best.json"), "--rope-type", "dynamic",
+                        "--data", "kv:pairs=4,examples=1", "--no-chat-template"])
+    assert code == 2 and not (tmp_path / "best.json").exists()
+    assert "per-layer dynamic NTK (rope_type 'dynamic') cannot run on this model: its own RoPE is 'linear'" in (
+        capsys.readouterr().err)
+
+
+def test_dynamic_candidates_are_scored_one_example_at_a_time():
+    """Per-layer dynamic NTK takes its base from a batch's longest row: each verdict must be the example's own."""
+    from lpes.search.fitness import ModelEvaluator
+    from lpes.search.replicas import SchemeScales, _batch_size
+    from lpes.spec import RopeScheme
+
+    class Pool:
+        size = 1
+
+        def score(self, candidate, shares):
+            self.seen = candidate
+            return []
+
+    pool = Pool()
+    evaluator = ModelEvaluator(pool, 4, RopeScheme("dynamic"))
+    evaluator.correct((2.0, 1.0), [])
+    assert pool.seen == SchemeScales((2.0, 1.0), RopeScheme("dynamic"))
+    assert _batch_size(pool.seen, 8) == 1 and _batch_size(SchemeScales((2.0,), RopeScheme("yarn")), 8) == 8
+    assert _batch_size((2.0, 1.0), 8) == 8 and _batch_size(StockRope("dynamic", 2.0), 8) == 1

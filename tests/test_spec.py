@@ -218,3 +218,88 @@ def test_unwritable_destinations_are_one_line(tmp_path):
     with pytest.raises(LpesError, match="cannot write"):
         write_text_atomic(tmp_path / "file" / "x.json", "{}")  # a file where a folder should be
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "taken"]
+
+
+# -- rope_type: how each layer applies its scale -------------------------------------------------------------
+
+
+def test_a_file_without_rope_type_is_linear_and_linear_writes_none(tmp_path):
+    from lpes.spec import RopeScheme
+
+    (tmp_path / "old.json").write_text(json.dumps({"scales": [1, 2, 3]}))
+    assert load_spec(tmp_path / "old.json").rope == RopeScheme("linear")
+    dump_spec(Spec.from_scales([1.0, 2.0]), tmp_path / "best.json")
+    data = json.loads((tmp_path / "best.json").read_text())
+    assert "rope_type" not in data and "rope_parameters" not in data  # byte for byte what lpes wrote before
+
+
+@pytest.mark.parametrize("rope", [("yarn", None, None, None), ("yarn", 16.0, 2.0, 4096), ("yarn", 64.0, None, None),
+                                  ("dynamic", None, None, None)], ids=str)
+def test_the_scheme_and_its_parameters_survive_the_round_trip(tmp_path, rope):
+    from lpes.spec import RopeScheme
+
+    scheme = RopeScheme(*rope)
+    spec = Spec.from_curve([[0, 1.0], [1, 2.5], [3, 4.0]], 4, {"search": {"seed": 1}}, rope=scheme)
+    dump_spec(spec, tmp_path / "best.json")
+    data = json.loads((tmp_path / "best.json").read_text())
+    assert data["rope_type"] == rope[0]
+    assert data.get("rope_parameters", {}) == scheme.parameters
+    again = load_spec(tmp_path / "best.json")
+    assert again == spec and again.rope == scheme
+
+
+def test_yarns_parameters_resolve_to_transformers_defaults_and_the_trained_length():
+    from types import SimpleNamespace
+
+    from lpes.spec import RopeScheme
+
+    model = SimpleNamespace(max_position_embeddings=2048)
+    assert RopeScheme("yarn").resolved(model) == RopeScheme("yarn", 32.0, 1.0, 2048)
+    assert RopeScheme("yarn", 8.0, None, 512).resolved(model) == RopeScheme("yarn", 8.0, 1.0, 512)
+    assert RopeScheme("dynamic").resolved(model) == RopeScheme("dynamic")
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"rope_type": "ntk"}, "'rope_type' must be one of linear, yarn, dynamic, got 'ntk' (transformers has no static"),
+    ({"rope_type": "YaRN"}, "'rope_type' must be one of linear, yarn, dynamic, got 'YaRN'"),
+    ({"rope_type": True}, "'rope_type' must be one of"),
+    ({"rope_type": "yarn", "rope_parameters": {"beta_fst": 8}}, "unknown key 'beta_fst' in 'rope_parameters' "
+                                                                 "(did you mean 'beta_fast'?)"),
+    ({"rope_type": "yarn", "rope_parameters": [1]}, "'rope_parameters' must be an object"),
+    ({"rope_type": "dynamic", "rope_parameters": {"beta_fast": 8}}, "no fields for rope_type 'dynamic'"),
+    ({"rope_parameters": {"beta_fast": 8}}, "no fields for rope_type 'linear'"),
+    ({"rope_type": "yarn", "rope_parameters": {"beta_fast": 1, "beta_slow": 2}}, "must be greater than beta_slow"),
+    ({"rope_type": "yarn", "rope_parameters": {"beta_slow": 40}}, "must be greater than beta_slow"),  # fast: 32
+    ({"rope_type": "yarn", "rope_parameters": {"beta_fast": True}}, "'rope_parameters.beta_fast' must be a number"),
+    ({"rope_type": "yarn", "rope_parameters": {"beta_slow": -1}}, "'rope_parameters.beta_slow' must be a number"),
+    ({"rope_type": "yarn", "rope_parameters": {"beta_fast": float("inf")}}, "beta_fast' must be a number"),
+    ({"rope_type": "yarn", "rope_parameters": {"original_max_position_embeddings": 64.0}}, "must be an integer"),
+    ({"rope_type": "yarn", "rope_parameters": {"original_max_position_embeddings": 0}}, "must be an integer"),
+    ({"rope_type": "yarn", "scales": [1.0, 0.5]}, "'scales[1]' is 0.5; a YaRN factor (rope_type 'yarn') must be at "
+                                                  "least 1"),
+    ({"rope_type": "dynamic", "num_layers": 3, "control_points": [[0, 1.0], [2, 0.5]]},
+     "the curve gives layer 1 the scale 0.75; a dynamic NTK factor"),
+])
+def test_rope_errors_name_the_field(data, message):
+    data = {"scales": [1.0, 2.0], **data} if "control_points" not in data else data
+    with pytest.raises(LpesError, match=re_escape(message)) as err:
+        parse_spec(data)
+    assert "\n" not in str(err.value)
+
+
+def re_escape(text: str) -> str:
+    import re
+
+    return re.escape(text)
+
+
+def test_a_curve_only_spec_checks_the_schemes_range_when_it_meets_the_model():
+    from lpes.spec import RopeScheme
+
+    spec = parse_spec({"rope_type": "yarn", "control_points": [[0, 1.0], [1, 0.5]]})  # no layer count yet
+    assert spec.rope == RopeScheme("yarn") and spec.scales is None
+    with pytest.raises(LpesError, match="the curve gives layer 1 the scale 0.75"):
+        spec.for_layers(3)
+    with pytest.raises(LpesError, match=r"'scales\[0\]' is 0.9"):
+        Spec.from_scales([0.9, 2.0], rope=RopeScheme("dynamic"))
+    assert Spec.from_scales([0.9, 2.0]).rope.linear  # linear scales go below 1 as before

@@ -30,6 +30,7 @@ from lpes.converter.reference import apply
 from lpes.spec import Spec, dump_spec
 
 SCALES = [2.0, 1.0, 3.5]
+SPEC = Spec.from_scales(SCALES)
 PROBE = "lpes_vllm_probe"
 MODELS = {
     "llama": {},
@@ -76,17 +77,17 @@ def resolve_like_vllm(folder):
     return model_class
 
 
-def hub_folder(tmp_path, model_type):
-    base = tiny_model_dir(model_type, tmp_path, **MODELS[model_type])
-    dump_spec(Spec.from_scales(SCALES), tmp_path / "spec.json")
+def hub_folder(tmp_path, model_type, spec=SPEC, **overrides):
+    base = tiny_model_dir(model_type, tmp_path, **{**MODELS[model_type], **overrides})
+    dump_spec(spec, tmp_path / "spec.json")
     out = tmp_path / "out"
     assert convert_main([str(base), "--curve", str(tmp_path / "spec.json"), "--to", "hf", "--out", str(out),
                          "--no-validate"]) == 0
     return base, out
 
 
-def reference_hidden(base, input_ids, position_ids):
-    model = apply(AutoModelForCausalLM.from_pretrained(base).eval(), Spec.from_scales(SCALES))
+def reference_hidden(base, input_ids, position_ids, spec=SPEC):
+    model = apply(AutoModelForCausalLM.from_pretrained(base).eval(), spec)
     calls = []
     instances = {i: LayerAttention(i, calls) for i in range(len(SCALES))}
     model.config._attn_implementation = PROBE
@@ -158,3 +159,27 @@ def test_base_model_compiles_without_graph_breaks(tmp_path):
                           attention_instances=instances, return_dict=False)[0]
     expected = reference_hidden(base, input_ids, position_ids)
     assert (hidden - expected).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("rope_type", ["yarn", "dynamic"])
+def test_per_layer_yarn_and_dynamic_run_through_the_backend_and_compile(tmp_path, rope_type):
+    """A spec's rope_type reaches the folder's LpesModel; the backend's chunk at positions 100.. (past the
+    trained 64) gets each layer's RoPE at its factor, eager and compiled in one graph."""
+    from lpes.spec import RopeScheme
+
+    spec = Spec.from_scales(SCALES, rope=RopeScheme(rope_type))
+    base, out = hub_folder(tmp_path, "llama", spec, max_position_embeddings=64)
+    model = AutoModel.from_pretrained(out, trust_remote_code=True, attn_implementation=PROBE).eval()
+    assert model.rotary_emb.rope["rope_type"] == rope_type
+    input_ids = torch.randint(0, 100, (1, 40), generator=torch.Generator().manual_seed(3))
+    position_ids = torch.arange(100, 140)[None]
+    instances = {i: LayerAttention(i, []) for i in range(len(SCALES))}
+    kwargs = {"input_ids": input_ids, "position_ids": position_ids, "use_cache": False,
+              "attention_instances": instances, "return_dict": False}
+    expected = reference_hidden(base, input_ids, position_ids, spec)
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    with torch.no_grad():
+        assert (model(**kwargs)[0] - expected).abs().max().item() <= 1e-5
+        assert (compiled(**kwargs)[0] - expected).abs().max().item() <= 1e-5
+    linear = reference_hidden(base, input_ids, position_ids)
+    assert (linear - expected).abs().max().item() > 1e-3  # the scheme matters at these positions

@@ -26,6 +26,9 @@ class GenaiGreedy:
             import onnxruntime_genai as og
         except ImportError:
             raise LpesError("validating a genai package needs onnxruntime-genai: pip install 'lpes[genai]'") from None
+        from lpes.converter.trust import check_received_folder
+
+        check_received_folder(Path(package_dir))  # no library or outside file that the package names is opened
         self._og = og
         self.model = og.Model(str(package_dir))
         genai_config = json.loads((Path(package_dir) / "genai_config.json").read_text())

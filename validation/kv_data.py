@@ -25,6 +25,7 @@ import json
 import os
 import random
 import uuid
+import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -213,6 +214,8 @@ def read_jsonl(path: str | os.PathLike) -> list[KvRecord]:
                     records.append(_parse_record(line, f"{path}:{number}"))
     except (OSError, UnicodeDecodeError) as err:
         raise LpesError(f"cannot read kv data file {path}: {err}") from None
+    except (EOFError, zlib.error) as err:  # a gzip file cut short, or corrupt inside
+        raise LpesError(f"kv data file {path} is truncated or corrupt ({str(err).splitlines()[0][:80]})") from None
     if not records:
         raise LpesError(f"kv data file {path} holds no records")
     return records
@@ -231,8 +234,10 @@ def write_jsonl(records: Iterable[KvRecord], path: str | os.PathLike) -> None:
 def _parse_record(line: str, where: str) -> KvRecord:
     try:
         data = json.loads(line)
-    except json.JSONDecodeError as err:
-        raise LpesError(f"{where}: not valid JSON ({err})") from None
+    except ValueError as err:  # JSONDecodeError, and integers of over 4300 digits
+        raise LpesError(f"{where}: not valid JSON ({str(err)[:100]})") from None
+    except RecursionError:
+        raise LpesError(f"{where}: not a record (nested too deeply)") from None
     if not isinstance(data, dict):
         raise LpesError(f"{where}: a record must be a JSON object")
     for name in ("ordered_kv_records", "key", "value"):

@@ -29,15 +29,18 @@ Writes into the output folder: `validation.json` (everything), `validation.md`
 from __future__ import annotations
 
 import json
+import shlex
+import time
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lpes import plots
 from lpes.errors import LpesError
 from lpes.exporters.targets import RunContext, RunnerUnavailable, registry
-from lpes.spec import Spec, load_spec, write_text_atomic
+from lpes.spec import LINEAR_ROPE, Spec, StockRope, load_spec, write_text_atomic
 from lpes.validation import checks, scoring
 from lpes.validation.examples import Example
 
@@ -71,6 +74,7 @@ class VariantResult:
     disagreements: list[int] = field(default_factory=list)  # example ids that differ from the reference
     allowed: int | None = None  # None: not compared (the torch variants)
     baseline: bool = False  # a stock way of scaling (uniform, YaRN, dynamic NTK) the curve is held against
+    same_as: str | None = None  # the variant it is identical to (scored once, its scores shown under both names)
 
     @property
     def passed(self) -> bool:
@@ -78,13 +82,18 @@ class VariantResult:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "status": self.status, "note": self.note, "baseline": self.baseline}
+        if self.same_as is not None:
+            out["same_as"] = self.same_as
         if self.scores is not None:
             out["accuracy"] = self.scores.accuracy
             out["accuracy_by_gold_index"] = {str(k): v for k, v in self.scores.accuracy_by_gold_index().items()}
-            out["forward_tokens"] = self.scores.forward_tokens
+            out["forward_tokens"] = 0 if self.same_as else self.scores.forward_tokens
         if self.allowed is not None:
             out.update(dtype=self.dtype, disagreements=self.disagreements, allowed=self.allowed, passed=self.passed)
         return out
+
+
+PASSED, FAILED, NOT_VALIDATED = "passed", "failed", "not validated"
 
 
 @dataclass
@@ -96,10 +105,47 @@ class ValidationReport:
     checks: list[checks.Check] = field(default_factory=list)
     files: list[Path] = field(default_factory=list)
     prompt_tokens: list[int] = field(default_factory=list)  # per example, as scored (the plot's caption)
+    task: str = ""  # what the examples are, in one line (the Task line of the table)
+    setup_problem: str | None = None  # every variant scored 0: the task as set up measured nothing
+    warnings: list[str] = field(default_factory=list)  # said in the report, no failure
+    kept: str | None = None  # the earlier results this run did not overwrite, and where this run's went
+    # Published text -> what the console shows instead (a path as the user typed it, absolute ones included).
+    console_paths: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def verdict(self) -> str:
+        """"passed" only when every planned check ran and held; "not validated" when one did not run."""
+        if self.setup_problem or not all(v.passed for v in self.variants) or not all(c.passed for c in self.checks):
+            return FAILED
+        if any(c.status == "skipped" for c in self.checks) or self.skipped_exports():
+            return NOT_VALIDATED
+        return PASSED
 
     @property
     def passed(self) -> bool:
-        return all(v.passed for v in self.variants) and all(c.passed for c in self.checks)
+        return self.verdict == PASSED
+
+    def skipped_exports(self) -> list[VariantResult]:
+        """Exports in the folder that could not run here: written, but not checked."""
+        return [v for v in self.variants if v.status == "skipped" and not v.baseline]
+
+    def verdict_reason(self) -> str:
+        """What failed, or what did not run; empty when passed."""
+        if self.verdict == FAILED:
+            return "; ".join(self.failures())
+        if self.verdict == NOT_VALIDATED:
+            missing = [f"{c.name} skipped" for c in self.checks if c.status == "skipped"]
+            return "; ".join(missing + [f"{v.name} not run ({v.note})" for v in self.skipped_exports()])
+        return ""
+
+    def verdict_line(self) -> str:
+        """The verdict in one line: what held, what failed, or what did not run."""
+        if self.verdict == PASSED:
+            return "**passed**"
+        if self.verdict == FAILED:
+            return "**FAILED**: " + self.verdict_reason()
+        return (f"**not validated**: {self.verdict_reason()} (every check that ran held; what did not run was not "
+                "measured)")
 
     def harm(self) -> str | None:
         """A plain sentence when the LPES curve makes the model worse than it was unscaled."""
@@ -132,7 +178,7 @@ class ValidationReport:
         return next(v for v in self.variants if v.name == name)
 
     def failures(self) -> list[str]:
-        return [
+        return ([self.setup_problem] if self.setup_problem else []) + [
             f"{v.name} decodes differently from the reference on {len(v.disagreements)} of "
             f"{len(self.examples)} examples ({v.dtype}: at most {v.allowed} allowed)"
             for v in self.variants
@@ -144,11 +190,15 @@ class ValidationReport:
             "format": FORMAT,
             "version": VERSION,
             "model": self.model,
+            "verdict": self.verdict,
             "passed": self.passed,
             "num_examples": len(self.examples),
             "gold_indices": self.gold_indices,
             "max_new_tokens": self.max_new_tokens,
+            "task": self.task,
             "checks": [c.to_json() for c in self.checks],
+            "setup_problem": self.setup_problem,
+            "warnings": self.warnings,
             "harm": self.harm(),
             "beaten": self.beaten(),
             "variants": [v.to_json() for v in self.variants],
@@ -170,13 +220,16 @@ class ValidationReport:
 
     def markdown(self) -> str:
         lines = ["Checks:", ""] + [f"- {c.line()}" for c in self.checks] + [""]
+        if self.task:
+            lines += [f"Task: {self.task}.", ""]
         if self.variants:
             lines += self._table()
         if self.harm():
             lines += [f"**Warning**: {self.harm()}.", ""]
         if self.beaten():
             lines += [f"**Note**: {self.beaten()}.", ""]
-        lines.append("**passed**" if self.passed else "**FAILED**: " + "; ".join(self.failures()))
+        lines += [f"**Warning**: {w}." for w in self.warnings] + ([""] if self.warnings else [])
+        lines.append(self.verdict_line())
         return "\n".join(lines) + "\n"
 
     def _table(self) -> list[str]:
@@ -194,11 +247,11 @@ class ValidationReport:
         return lines + ["", f"![accuracy by gold index]({PLOT_FILE})", ""]
 
     def measured(self) -> Measured | None:
-        """The numbers the model card states; None when key-value scoring did not run."""
+        """The numbers the model card states; None when key-value scoring did not run (or measured nothing)."""
         from lpes.converter.model_card import Accuracy, Measured
 
         scored = {v.name: v for v in self.variants if v.scores is not None}
-        if UNSCALED not in scored or REFERENCE not in scored:
+        if UNSCALED not in scored or REFERENCE not in scored or self.setup_problem:
             return None
 
         def accuracy(v: VariantResult) -> Accuracy:
@@ -214,8 +267,46 @@ class ValidationReport:
                         stock)
 
     def format(self) -> str:
-        """What the CLI prints: the table, the verdict, and where the files are."""
-        return self.markdown().replace(f"\n![accuracy by gold index]({PLOT_FILE})\n", "")
+        """What the CLI prints: the table, the verdict, and which results were kept."""
+        text = self.markdown().replace(f"\n![accuracy by gold index]({PLOT_FILE})\n", "")
+        if self.kept:
+            text += self.kept + "\n"
+        for published, console in self.console_paths.items():
+            text = text.replace(published, console)
+        return text
+
+
+def answers_not_value(results: Sequence[scoring.ExampleResult], examples: Sequence[Example],
+                      always: bool = False) -> str | None:
+    """A sentence when most answers start with text that is not the value (`always`: say what they start with).
+
+    The raw generation (`ExampleResult.generated`) is compared with the value after the benchmark's
+    normalisation; a chat model that writes "The value corresponding to ..." first needs a budget
+    (--answer-tokens) for the value to appear, and the one-pass search check cannot credit it at all.
+    It takes a preamble for one when most of those answers open with the same word (or with nothing):
+    wrong values differ from one another.
+    """
+    if not results:
+        return None
+    off = [(r, e) for r, e in zip(results, examples, strict=True) if not _starts_with_value(r.generated, e.answer)]
+    openings = Counter((scoring.normalize_answer(r.generated).split() or [""])[0] for r, _ in off)
+    preamble = len(off) >= 2 and 2 * max(openings.values(), default=0) >= len(off)
+    if not always and (2 * len(off) <= len(results) or not preamble):
+        return None
+    shown = off[0] if off else (results[0], examples[0])
+    budget = shown[1].answer_tokens
+    said = " ".join(shown[0].generated.split())[:60]
+    text = (f"{len(off)} of {len(results)} answers do not start with the value (e.g. {said!r} where "
+            f"{shown[1].answer[:40]!r} was wanted)")
+    if budget is None:
+        return text + ("; with the answer's own tokens as its budget such an answer counts wrong: give "
+                       "--answer-tokens 100 (the benchmark's) or try the other chat-template setting")
+    return text + f"; they count where the value appears within the {budget}-token budget"
+
+
+def _starts_with_value(generated: str, answer: str) -> bool:
+    said, value = scoring.normalize_answer(generated), scoring.normalize_answer(answer)
+    return bool(said) and (said.startswith(value) or value.startswith(said))
 
 
 def _right(v: VariantResult) -> int:
@@ -246,7 +337,8 @@ def validate(
     examples: Sequence[Example] | None = None,
     *,
     data: str | None = None,
-    chat_template: bool = True,
+    chat_template: bool | None = None,
+    answer_tokens: int | None = None,
     reference_dtype: str = "float32",
     batch_size: int = 8,
     max_batch_tokens: int = scoring.MAX_BATCH_TOKENS,
@@ -255,19 +347,22 @@ def validate(
     device: str | None = None,
     max_seconds: float | None = DEFAULT_MAX_SECONDS,
     model_name: str | None = None,
-    shown_dir: Path | None = None,
+    shown_dir: Path | str | None = None,
+    shown_model: str | None = None,
     progress: bool = True,
 ) -> ValidationReport:
     """Check the RoPE of every layer, then score the unscaled model, the LPES reference and every export.
 
     `spec` None: read `out_dir/lpes_spec.json` (or `out_dir/onnx/lpes_spec.json`).
-    `examples` None: `tasks.load_examples(model_path, data, use_chat_template=chat_template)`.
+    `examples` None: the task of `resolve_task` (`data`, `chat_template` and `answer_tokens`
+    over the task the spec was searched on, over the model folder's own).
     `variants` limits the exports scored (target names); None: all found.
     The key-value scoring runs only when there is a tokenizer, the weights fit in
-    memory and the estimated time is within `max_seconds` (None: no limit); else the
-    report says why it was skipped and how to run it (`lpes-validate` names
-    `shown_dir`, the folder as the user will see it). The torch variants run in
-    `reference_dtype` on `device` (default: cuda when available).
+    memory and the time estimated from a probe (one real batch) is within `max_seconds`
+    (None: no limit); else the report says why it was skipped and which command runs
+    it (`shown_dir` and `shown_model`: the folder and model as the user typed them).
+    The torch variants run in `reference_dtype` on `device` (default: cuda when available).
+    A run that is not "passed" never replaces earlier scored results in `out_dir` (`write_report`).
     """
     from lpes.converter.loading import load_config, model_label
 
@@ -276,24 +371,195 @@ def validate(
     config = load_config(Path(model_path))
     spec = spec.for_layers(config.num_hidden_layers)
     name = model_label(str(model_name or spec.provenance.get("base_model") or Path(model_path).name))
-    rerun = f"lpes-validate {shown_dir or out_dir} --model {name}"
+    task = None if examples is not None else resolve_task(model_path, spec, data, chat_template, answer_tokens)
     exports = _found_exports(out_dir, variants)
-    kv_plan = _plan_kv(model_path, config, examples, data, chat_template, reference_dtype, device,
-                       2 + len(exports) + _baseline_count(spec), max_seconds)
-    longest = max(kv_plan.prompt_tokens, default=0) + 64  # the prompts plus the answers' tokens
+    kv_plan = _plan_kv(model_path, config, examples, task, reference_dtype, max_new_tokens)
+    longest = max(kv_plan.sequence_tokens, default=0) or 64  # the prompts plus the answers' budgets
     rope = checks.rope_check(config, spec, max(_positions_to_check(config, spec), longest))
+    planned = _plan_variants(spec, config, longest, exports) if kv_plan.skipped is None else []
+    rerun, console = _rerun_command(out_dir, shown_dir, shown_model or name, data, chat_template, answer_tokens)
     results: list[VariantResult] = []
+    setup = None
     if kv_plan.skipped is None:
-        results = _score_all(model_path, spec, kv_plan, exports, reference_dtype, device, batch_size,
-                             max_batch_tokens, max_new_tokens, progress)
-        verdict = "passed" if all(v.passed for v in results) else "failed"
-        kv = checks.Check("kv", verdict, f"{len(kv_plan.examples)} examples, {kv_plan.estimate}")
+        started = time.perf_counter()
+        results, estimate, skipped = _score_all(model_path, spec, kv_plan, planned, reference_dtype, device,
+                                                batch_size, max_batch_tokens, max_new_tokens, max_seconds, progress)
+        if skipped:
+            kv = checks.Check("kv", "skipped", f"{skipped}; to run it on a faster machine, or here with no "
+                              f"budget: {rerun} --max-minutes 0")
+        else:
+            setup = _setup_problem(results, len(kv_plan.examples))
+            verdict = "failed" if setup or not all(v.passed for v in results) else "passed"
+            took = checks.format_seconds(time.perf_counter() - started)
+            kv = checks.Check("kv", verdict, f"{len(kv_plan.examples)} examples in {took} (estimated {estimate})")
+    elif kv_plan.tokenizer_missing:
+        kv = checks.Check("kv", "skipped", f"{kv_plan.skipped}; to run it, with --model naming this model where its "
+                          f"tokenizer is (a folder or Hub id): {rerun}")
     else:
         kv = checks.Check("kv", "skipped", f"{kv_plan.skipped}; to run it where it fits: {rerun}")
-    report = ValidationReport(name, kv_plan.examples, results, max_new_tokens, [rope, kv],
-                              prompt_tokens=kv_plan.prompt_tokens if results else [])
+    report = ValidationReport(name, kv_plan.examples if results else [], results, max_new_tokens, [rope, kv],
+                              prompt_tokens=kv_plan.prompt_tokens if results else [],
+                              task=_task_line(task, kv_plan, spec), setup_problem=setup,
+                              console_paths={p: c for p, c in console.items() if p != c})
+    report.warnings += kv_plan.warnings
+    unscaled = next((v for v in results if v.name == UNSCALED and v.scores is not None), None)
+    if unscaled is not None and (said := answers_not_value(unscaled.scores.results, kv_plan.examples)):
+        report.warnings.append(f"{said} (the unscaled model)")
     write_report(report, out_dir)
     return report
+
+
+# ---- the task ----
+
+
+@dataclass(frozen=True)
+class ResolvedTask:
+    """The examples' task, the chat-template choice, and how they relate to the task the curve was searched on."""
+
+    config: Any  # tasks.TaskConfig
+    chat_template: bool
+    data: str | None  # the description used (None: the model folder's own task)
+    source: str  # "the search's", "--data", "the model's own"
+    searched: Any = None  # spec.SearchTask, or None
+    override: str | None = None  # one line when a flag replaces what the search used
+
+
+def resolve_task(model_path: Path, spec: Spec | None, data: str | None = None, chat_template: bool | None = None,
+                 answer_tokens: int | None = None) -> ResolvedTask:
+    """The task validation scores: each of `data`, `chat_template`, `answer_tokens` (the user's flags), where
+    given, over what the spec's search used (`Spec.search_task`), over the model folder's own task.
+
+    LpesError when the search's data cannot be read here (a file that is not where the search read it).
+    """
+    from lpes.validation.tasks import task_config
+
+    searched = spec.search_task if spec is not None else None
+    used = data if data is not None else (searched.data if searched is not None else None)
+    try:
+        config = task_config(model_path, used)
+    except LpesError as err:
+        if data is None and used is not None:
+            raise LpesError(f"the curve was searched on --data {used}, which cannot be read here ({err}); pass "
+                            "--data to validate on it (or on another task)") from None
+        raise
+    if data is None and searched is not None:
+        config = replace(config, answer_tokens=searched.answer_tokens)
+    if answer_tokens is not None:
+        config = replace(config, answer_tokens=answer_tokens)
+    chat = chat_template if chat_template is not None else (searched.chat_template if searched else True)
+    changed, other_task = [], False
+    if searched is not None:
+        if data is not None and data != searched.data:
+            same = _same_task_but_size(model_path, data, searched.data)
+            other_task |= not same
+            changed.append(f"--data {data} (searched on {searched.data or 'the model folder task'}"
+                           f"{': the same task, other example counts' if same else ''})")
+        if chat_template is not None and chat_template != searched.chat_template:
+            other_task = True
+            changed.append(f"chat template {_on(chat_template)} (searched with it {_on(searched.chat_template)})")
+        if answer_tokens is not None and answer_tokens != searched.answer_tokens:
+            other_task = True
+            changed.append(f"--answer-tokens {answer_tokens} (searched with {_budget(searched.answer_tokens)})")
+    override = None
+    if changed:
+        override = f"validating on {'; '.join(changed)}" + (": not the task the curve was searched on"
+                                                             if other_task else "")
+    source = "--data" if data is not None else ("the search's" if searched is not None else "the model's own")
+    return ResolvedTask(config, chat, used, source, searched, override)
+
+
+def _same_task_but_size(model_path: Path, data: str, searched: str | None) -> bool:
+    """The two descriptions give the same task but for how many examples per gold index."""
+    from lpes.validation.tasks import task_config
+
+    try:
+        mine, theirs = task_config(model_path, data), task_config(model_path, searched)
+    except LpesError:
+        return False
+    return replace(mine, examples_per_index=None) == replace(theirs, examples_per_index=None)
+
+
+def _on(flag: bool) -> str:
+    return "on" if flag else "off"
+
+
+def _budget(tokens: int | None) -> str:
+    return "the value's own tokens" if tokens is None else f"{tokens} tokens"
+
+
+def _task_line(task: ResolvedTask | None, kv_plan: KvPlan, spec: Spec) -> str:
+    if task is None:
+        return "examples given by the caller"
+    from lpes.validation.kv_data import has_chat_template
+
+    data = shareable_data(task.data) or f"the model folder's own ({task.config.task})"
+    chat = (_on(task.chat_template) if kv_plan.tokenizer is None or has_chat_template(kv_plan.tokenizer)
+            else "none (the tokenizer has none)")
+    line = f"{data} ({task.source} task), chat template {chat}, answer budget {_budget(task.config.answer_tokens)}"
+    if kv_plan.prompt_tokens:
+        line += f", prompts of {_span(min(kv_plan.prompt_tokens), max(kv_plan.prompt_tokens))} tokens"
+    searched = task.searched.prompt_tokens if task.searched is not None else None
+    if searched:
+        line += f" (the search's: {_span(*searched)})"
+    return line
+
+
+def _span(low: int, high: int) -> str:
+    return str(low) if low == high else f"{low}-{high}"
+
+
+def shareable_data(data: str | None) -> str | None:
+    """--data as a published file may hold it: a relative file path as given (convert and validate, run
+    where the search ran, read the same file), an absolute one by its name alone (no path of this machine)."""
+    from lpes.validation.tasks import _is_description
+
+    if data is None:
+        return None
+    if not _is_description(data):
+        return _shown_path(data)
+    task, _, rest = data.partition(":")
+    items = [f"file={_shown_path(item.strip()[5:])}" if item.strip().startswith("file=") else item
+             for item in rest.split(",")]
+    return f"{task}:{','.join(items)}"
+
+
+def _shown_path(path: str) -> str:
+    return Path(path).name if Path(path).expanduser().is_absolute() else path
+
+
+def _rerun_command(out_dir: Path, shown_dir, model: str, data, chat_template, answer_tokens) -> tuple[str, dict]:
+    """The lpes-validate command that runs what was skipped, as published, and the console's form of it.
+
+    Folder and model as the user typed them, so that the command pastes and runs where they ran it (a
+    bare folder name is not turned into a Hub id); in published files an absolute path by its name.
+    """
+    folder = str(shown_dir or out_dir)
+
+    def command(shown) -> str:
+        words = ["lpes-validate", shown(folder), "--model", shown(model)]
+        if data is not None:
+            words += ["--data", shareable_data(data) if shown is _shown_path else data]
+        if chat_template is not None:
+            words.append("--chat-template" if chat_template else "--no-chat-template")
+        if answer_tokens is not None:
+            words += ["--answer-tokens", str(answer_tokens)]
+        return " ".join(shlex.quote(w) for w in words)
+
+    published = command(_shown_path)
+    return published, {published: command(str)}
+
+
+def _setup_problem(results: list[VariantResult], examples: int) -> str | None:
+    """Every variant that ran answered nothing: the setup (prompt format, template, budget) is wrong, not the curve."""
+    scored = [v for v in results if v.scores is not None]
+    if not scored or any(v.scores.accuracy > 0 for v in scored):
+        return None
+    return (f"every variant answered 0 of {examples} examples: the task as set up does not fit this model (prompt "
+            "format, chat template, answer budget), so this measured nothing about the curve; see the answers "
+            "in validation.json, and try --answer-tokens 100, the other chat-template setting or other --data")
+
+
+# ---- what runs, and whether it fits ----
 
 
 @dataclass
@@ -301,13 +567,26 @@ class KvPlan:
     skipped: str | None  # why key-value scoring does not run here; None: it runs
     tokenizer: Any = None
     examples: list[Example] = field(default_factory=list)
-    estimate: str = ""
-    prompt_tokens: list[int] = field(default_factory=list)  # per example (also when skipped for time)
-    variants: int = 0  # models each example is scored on
+    prompt_tokens: list[int] = field(default_factory=list)  # per example
+    sequence_tokens: list[int] = field(default_factory=list)  # per example: prompt + answer budget
+    warnings: list[str] = field(default_factory=list)
+    tokenizer_missing: bool = False
 
 
-def _baseline_count(spec: Spec) -> int:
-    return int(spec.best_uniform_scale is not None) + len(spec.stock_baselines)
+@dataclass
+class PlannedVariant:
+    """A torch variant or an export, what it runs with, and whether another variant already gives its answers."""
+
+    name: str
+    kind: str  # "unscaled", "uniform", "stock", "reference", "export"
+    scales: tuple[float, ...] | None = None
+    rope: StockRope | None = None
+    folder: Path | None = None
+    note: str = ""
+    baseline: bool = False
+    same_as: str | None = None
+    skipped: str | None = None  # why it cannot run (a stock type this model cannot take)
+    one_at_a_time: bool = False
 
 
 def _positions_to_check(config, spec: Spec) -> int:
@@ -316,99 +595,165 @@ def _positions_to_check(config, spec: Spec) -> int:
     return min(MAX_ROPE_POSITIONS, max(trained, int(trained * max(spec.scales))))
 
 
-def _plan_kv(model_path: Path, config, examples, data, chat_template, dtype, device, variants, max_seconds) -> KvPlan:
-    """Whether key-value scoring fits here: a tokenizer, memory for the weights, time within the budget."""
+def _plan_kv(model_path: Path, config, examples, task: ResolvedTask | None, dtype, max_new_tokens) -> KvPlan:
+    """Whether key-value scoring can run here: a tokenizer and memory for the weights; the examples."""
     from lpes.converter.loading import DTYPES, available_memory, has_tokenizer, load_tokenizer, parameter_count
 
     if not has_tokenizer(model_path):
-        return KvPlan(f"{Path(model_path).name} has no tokenizer files, so no prompts can be built")
-    params = parameter_count(model_path)
-    needed = params * DTYPES[dtype].itemsize
+        return KvPlan(f"{Path(model_path).name} has no tokenizer files, so no prompts can be built",
+                      tokenizer_missing=True)
+    needed = parameter_count(model_path) * DTYPES[dtype].itemsize
     available = available_memory()
     if available is not None and needed > checks.MEMORY_SHARE * available:
         return KvPlan(f"the weights take {checks.format_bytes(needed)} in {dtype}; this machine has "
                       f"{checks.format_bytes(available)} available")
     tokenizer = load_tokenizer(model_path)
     if examples is None:
-        from lpes.validation.tasks import load_examples
+        from lpes.validation.tasks import examples_for
 
-        examples = load_examples(model_path, data, tokenizer=tokenizer, use_chat_template=chat_template)
+        examples = examples_for(task.config, model_path, tokenizer=tokenizer, use_chat_template=task.chat_template,
+                                split="validation")
     examples = list(examples)
     if not examples:
         raise LpesError("validation needs at least one example")
     encoded = scoring.encode_examples(tokenizer, examples)
-    lengths = [len(e.prompt_ids) + len(e.answer_ids) for e in encoded]
-    where = _device(device)
-    rate = checks.EFFICIENCY * checks.matmul_rate(where, DTYPES[dtype])
-    seconds = variants * checks.forward_flops(params, config, lengths) / rate
-    estimate = f"about {checks.format_seconds(seconds)} on {where.type} (estimated)"
-    if max_seconds is not None and seconds > max_seconds:
-        return KvPlan(f"{len(examples)} examples x {variants} variants would take {estimate}, "
-                      f"over the {checks.format_seconds(max_seconds)} budget",
-                      prompt_tokens=[len(e.prompt_ids) for e in encoded])
-    return KvPlan(None, tokenizer, examples, estimate, [len(e.prompt_ids) for e in encoded], variants)
+    prompts = [len(e.prompt_ids) for e in encoded]
+    budgets = [max_new_tokens or x.answer_tokens or len(e.answer_ids) for x, e in zip(examples, encoded)]
+    plan = KvPlan(None, tokenizer, examples, prompts, [p + b for p, b in zip(prompts, budgets)])
+    searched = task.searched.prompt_tokens if task is not None and task.searched is not None else None
+    if searched and not 0.8 * searched[1] <= max(prompts) <= 1.25 * searched[1]:
+        plan.warnings.append(f"the prompts are {_span(min(prompts), max(prompts))} tokens, the curve was searched "
+                             f"on {_span(*searched)}: a curve is found for one length")
+    return plan
 
 
-def _score_all(model_path, spec, kv_plan: KvPlan, exports, reference_dtype, device, batch_size, max_batch_tokens,
-               max_new_tokens, progress) -> list[VariantResult]:
-    from tqdm.auto import tqdm
+def _plan_variants(spec: Spec, config, longest: int, exports) -> list[PlannedVariant]:
+    """The unscaled model, the baselines, the curve, the exports; each torch variant that computes what an
+    earlier one computes (scale 1 everywhere, YaRN at 1, dynamic NTK within the trained length) is scored once."""
+    from lpes.converter.reference import stock_rope_unsupported
 
-    tokenizer, examples = kv_plan.tokenizer, kv_plan.examples
-    bar = tqdm(total=len(examples) * kv_plan.variants, desc="lpes-validate", unit="example", disable=not progress)
-
-    def score(name: str, model, eos, one_at_a_time: bool = False) -> scoring.Scores:
-        bar.set_postfix_str(name)
-        return scoring.greedy_correct(model, tokenizer, examples, 1 if one_at_a_time else batch_size, max_new_tokens,
-                                      progress=bar.update, eos_token_id=eos, max_batch_tokens=max_batch_tokens)
-
-    results, eos = _score_torch(model_path, spec, tokenizer, reference_dtype, device, score,
-                                skip=lambda: bar.update(len(examples)))
-    reference = results[-1]
-    run = RunContext(reference_dtype, str(_device(device)), scoring.pad_token_id(None, tokenizer))
-    for name, folder in exports:
-        results.append(_score_export(name, folder, reference, run, eos, score))
-        if results[-1].status != "ok":
-            bar.update(len(examples))
-    bar.close()
-    return results
-
-
-def _score_torch(model_path: Path, spec: Spec, tokenizer, dtype: str, device: str | None, score, skip):
-    """The unscaled model, the baselines, then the curve: the same weights, changed in place, one load for all."""
-    from lpes.converter.loading import load_model
-    from lpes.converter.reference import apply, stock_rope_unsupported, use_stock_rope
-
-    model = load_model(Path(model_path), dtype).to(_device(device))
-    eos = scoring.eos_token_ids(model, tokenizer) or None  # the exports' runners get the same stop tokens
-    results = [VariantResult(UNSCALED, "ok", score(UNSCALED, model, eos))]
+    layers = len(spec.scales)
+    planned = [PlannedVariant(UNSCALED, "unscaled", (1.0,) * layers)]
+    same = "identical to the unscaled model, scored once"
     uniform = spec.best_uniform_scale
     if uniform is not None:  # the baselines a per-layer curve must beat, found by lpes-search
-        apply(model, Spec.from_scales([uniform] * len(spec.scales)))
-        name = f"{UNIFORM} s={uniform:g}"
-        results.append(VariantResult(name, "ok", score(name, model, eos), BASELINE_NOTE, baseline=True))
+        planned.append(PlannedVariant(f"{UNIFORM} s={uniform:g}", "uniform", (uniform,) * layers,
+                                      note=BASELINE_NOTE + (f"; {same}" if uniform == 1.0 else ""), baseline=True,
+                                      same_as=UNSCALED if uniform == 1.0 else None))
+    trained = getattr(config, "max_position_embeddings", None)
     for rope in spec.stock_baselines:
-        why = stock_rope_unsupported(model.config, rope.rope_type)  # a spec searched on another model
+        why = stock_rope_unsupported(config, rope.rope_type)  # a spec searched on another model
         if why:
-            results.append(VariantResult(rope.name, "skipped", note=why, baseline=True))
-            skip()  # the progress bar counted its examples
+            planned.append(PlannedVariant(rope.name, "stock", rope=rope, note=why, baseline=True, skipped=why))
             continue
-        use_stock_rope(model, rope)
+        if rope.same_as_unscaled(longest, trained):
+            where = f" on prompts within its {trained} trained positions" if rope.length_dependent else ""
+            planned.append(PlannedVariant(rope.name, "stock", rope=rope, baseline=True, same_as=UNSCALED,
+                                          note=f"{BASELINE_NOTE}; {same}{where}"))
+            continue
         note = f"{BASELINE_NOTE}, one example at a time" if rope.length_dependent else BASELINE_NOTE
-        scores = score(rope.name, model, eos, rope.length_dependent)
-        results.append(VariantResult(rope.name, "ok", scores, note, baseline=True))
-    apply(model, spec)
-    results.append(VariantResult(REFERENCE, "ok", score(REFERENCE, model, eos)))
-    del model
-    return results, eos
+        planned.append(PlannedVariant(rope.name, "stock", rope=rope, note=note, baseline=True,
+                                      one_at_a_time=rope.length_dependent))
+    twin = next((v.name for v in planned if v.scales == tuple(spec.scales) and v.same_as is None), None)
+    single = spec.rope.length_dependent  # per-layer dynamic NTK: each example's own length, as its stock twin
+    if not spec.rope.linear:  # the scales are yarn/dynamic factors (lpes_rope): YaRN at 1 alone is unscaled
+        twin = UNSCALED if spec.rope.rope_type == "yarn" and set(spec.scales) == {1.0} else None
+    note = f"{twin} everywhere: scored once" if twin else ("" if spec.rope.linear else f"per-layer {spec.rope.name}")
+    planned.append(PlannedVariant(REFERENCE, "reference", tuple(spec.scales), same_as=twin, note=note,
+                                  one_at_a_time=single))
+    planned += [PlannedVariant(name, "export", folder=folder, one_at_a_time=single) for name, folder in exports]
+    return planned
 
 
-def _score_export(name, folder, reference: VariantResult, run: RunContext, eos, score) -> VariantResult:
+def _score_all(model_path, spec, kv_plan: KvPlan, planned: list[PlannedVariant], reference_dtype, device,
+               batch_size, max_batch_tokens, max_new_tokens, max_seconds, progress):
+    """Load the model, time a probe batch, and score every variant if the estimate fits `max_seconds`.
+
+    Returns (results, estimate text, why skipped or None).
+    """
+    from tqdm.auto import tqdm
+
+    from lpes.converter.loading import load_model
+    from lpes.converter.reference import apply, use_stock_rope
+
+    tokenizer, examples = kv_plan.tokenizer, kv_plan.examples
+    where = _device(device)
+    model = load_model(Path(model_path), reference_dtype).to(where)
+    eos = scoring.eos_token_ids(model, tokenizer) or None  # the exports' runners get the same stop tokens
+    scored = [v for v in planned if v.same_as is None and v.skipped is None]
+    probe = checks.probe(model, tokenizer, examples, kv_plan.sequence_tokens, batch_size, max_batch_tokens,
+                         max_new_tokens, eos, single=any(v.one_at_a_time for v in scored))
+    seconds = sum(checks.estimate_seconds(probe, kv_plan.prompt_tokens, kv_plan.sequence_tokens,
+                                          1 if v.one_at_a_time else batch_size, max_batch_tokens) for v in scored)
+    estimate = checks.describe_estimate(seconds, probe, where.type)
+    if max_seconds is not None and seconds > max_seconds:
+        del model
+        return [], estimate, (f"{len(examples)} examples x {len(scored)} variants would take {estimate}, over the "
+                              f"{checks.format_seconds(max_seconds)} budget")
+    bar = tqdm(total=len(examples) * len(scored), desc="lpes-validate", unit="example", disable=not progress)
+
+    def score(name: str, runner, one_at_a_time: bool = False) -> scoring.Scores:
+        bar.set_postfix_str(name)
+        return scoring.greedy_correct(runner, tokenizer, examples, 1 if one_at_a_time else batch_size, max_new_tokens,
+                                      progress=bar.update, eos_token_id=eos, max_batch_tokens=max_batch_tokens)
+
+    results: list[VariantResult] = []
+    by_name: dict[str, VariantResult] = {}
+    run = RunContext(reference_dtype, str(where), scoring.pad_token_id(None, tokenizer))
+    reference: VariantResult | None = None
+    for v in planned:
+        if v.kind == "export" and model is not None:
+            del model  # one copy of the weights at a time: the exports load their own
+            model = None
+        if v.skipped is not None:
+            result = VariantResult(v.name, "skipped", note=v.skipped, baseline=v.baseline)
+        elif v.same_as is not None:
+            result = VariantResult(v.name, "ok", by_name[v.same_as].scores, v.note, baseline=v.baseline,
+                                   same_as=v.same_as)
+        elif v.kind == "export":
+            result = _score_export(v.name, v.folder, reference, run, eos, score, v.one_at_a_time)
+            if result.status != "ok":
+                bar.update(len(examples))
+        else:
+            if v.kind == "stock":
+                use_stock_rope(model, v.rope)
+            else:  # the curve under the spec's scheme; the uniform baseline is linear
+                apply(model, Spec.from_scales(list(v.scales), rope=spec.rope if v.kind == "reference" else LINEAR_ROPE))
+            if v.kind == "unscaled":  # the probe batch was scored unscaled: the others only
+                bar.set_postfix_str(v.name)
+                bar.update(len(probe.example_ids))
+                rest = [i for i in range(len(examples)) if i not in set(probe.example_ids)]
+                scores = checks.merge_scores(probe, _score_some(model, tokenizer, examples, rest, batch_size,
+                                                                max_new_tokens, eos, max_batch_tokens, bar.update),
+                                             rest)
+            else:
+                scores = score(v.name, model, v.one_at_a_time)
+            result = VariantResult(v.name, "ok", scores, v.note, baseline=v.baseline)
+        if v.kind == "reference":
+            reference = result
+        by_name[v.name] = result
+        results.append(result)
+    bar.close()
+    return results, estimate, None
+
+
+def _score_some(model, tokenizer, examples, ids: list[int], batch_size, max_new_tokens, eos, max_batch_tokens,
+                progress) -> scoring.Scores:
+    """Greedy scores of the examples `ids` only (numbered by their place in `ids`)."""
+    if not ids:
+        return scoring.Scores((), 0)
+    return scoring.greedy_correct(model, tokenizer, [examples[i] for i in ids], batch_size, max_new_tokens,
+                                  progress=progress, eos_token_id=eos, max_batch_tokens=max_batch_tokens)
+
+
+def _score_export(name, folder, reference: VariantResult, run: RunContext, eos, score,
+                  one_at_a_time: bool = False) -> VariantResult:
     target = registry()[name]
     try:
         opened = target.open(folder, run)
     except RunnerUnavailable as why:
         return VariantResult(name, "skipped", note=str(why))
-    scores = score(name, opened.runner, eos or None)
+    scores = score(name, opened.runner, one_at_a_time)
     differ = [
         r.example_id
         for r, ref in zip(scores.results, reference.scores.results, strict=True)
@@ -451,13 +796,42 @@ def _device(device: str | None):
 
 
 def write_report(report: ValidationReport, out_dir: Path) -> list[Path]:
-    """validation.json, validation.md, validation.png in `out_dir`, each written atomically."""
+    """validation.json, validation.md, validation.png in `out_dir`, each written atomically.
+
+    A run that is not "passed" never replaces earlier scored results (a validation.json whose
+    variants were scored): it writes validation.skipped.* or validation.failed.* beside them,
+    and `report.kept` says so.
+    """
     out_dir = Path(out_dir)
-    json_path, md_path, png_path = out_dir / JSON_FILE, out_dir / MARKDOWN_FILE, out_dir / PLOT_FILE
+    stem = "validation"
+    earlier = _earlier_results(out_dir / JSON_FILE)
+    if earlier is not None and report.verdict != PASSED:
+        stem = "validation.skipped" if report.verdict == NOT_VALIDATED else "validation.failed"
+        report.kept = (f"kept the earlier {JSON_FILE} and {MARKDOWN_FILE} ({earlier}); this run's report is "
+                       f"{stem}.json and {stem}.md")
+    json_path, md_path, png_path = (out_dir / f"{stem}{suffix}" for suffix in (".json", ".md", ".png"))
     write_text_atomic(json_path, json.dumps(report.to_json(), indent=1) + "\n")
-    write_text_atomic(md_path, report.markdown())
+    markdown = report.markdown()
+    if stem != "validation":  # its plot is not the one the earlier markdown shows
+        markdown = markdown.replace(f"]({PLOT_FILE})", f"]({png_path.name})")
+    write_text_atomic(md_path, markdown)
     report.files = [json_path, md_path]
     if any(v.scores is not None for v in report.variants):
         plots.plot_accuracy(report, png_path)
         report.files.append(png_path)
     return report.files
+
+
+def _earlier_results(path: Path) -> str | None:
+    """The verdict of an earlier validation.json that holds scored variants, else None."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        return None
+    variants = data.get("variants")
+    if not isinstance(variants, list) or not any(isinstance(v, dict) and "accuracy" in v for v in variants):
+        return None
+    verdict = data.get("verdict")
+    return verdict if isinstance(verdict, str) else ("passed" if data.get("passed") is True else "failed")

@@ -176,7 +176,8 @@ def file_records(config: TaskConfig, split: str) -> list[kv_data.KvRecord]:
     half = kv_data.split_records(records)[SPLITS.index(split)]
     name = Path(config.file).name
     if not half:
-        raise LpesError(f"kv data file {name} holds {len(records)} distinct record(s): calibration and held-out "
+        distinct = len({kv_data.record_digest(record) for record in records})
+        raise LpesError(f"kv data file {name} holds {distinct} distinct record(s): calibration and held-out "
                         "need one each (the file is split in two halves that share no record)")
     wanted = config.examples_per_index
     if wanted is not None and wanted > len(half):
@@ -228,6 +229,8 @@ def parse_description(data: str) -> tuple[str, dict[str, Any]]:
             raise LpesError(f"--data: {item!r} must be field=value")
         if name not in _DESCRIPTION_FIELDS[task]:
             raise LpesError(f"--data: unknown field {name!r} for {task}{_hint(name, _DESCRIPTION_FIELDS[task])}")
+        if _DESCRIPTION_FIELDS[task][name] in overrides:
+            raise LpesError(f"--data: field {name!r} is given twice; give each field once")
         overrides[_DESCRIPTION_FIELDS[task][name]] = _parse_value(name, value.strip())
     if "file" in overrides:
         overrides = {**_file_fields(overrides["file"]), **overrides}
@@ -287,12 +290,14 @@ def _model_defaults(model_path: Path | None) -> TaskConfig:
         return TASK_DEFAULTS["kv"]
     try:
         data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise LpesError(f"{path} is not valid JSON: {err}") from None
+    except (ValueError, UnicodeDecodeError, OSError) as err:  # ValueError: also integers of over 4300 digits
+        raise LpesError(f"{path} is not valid JSON: {str(err)[:100]}") from None
+    except RecursionError:
+        raise LpesError(f"{path} is not valid JSON: nested too deeply") from None
     if not isinstance(data, dict):
         raise LpesError(f"{path}: top level must be a JSON object")
     task = data.get("task", "kv")
-    if task not in TASK_DEFAULTS:
+    if not isinstance(task, str) or task not in TASK_DEFAULTS:
         raise LpesError(f"{path}: 'task' is {task!r} (known: {', '.join(TASK_DEFAULTS)})")
     unknown = set(data) - {"task", *_TASK_FILE_FIELDS}
     if unknown:

@@ -32,7 +32,10 @@ class TrtCausalLM:
     def __init__(self, engine_dir: Path, device: int = 0):
         trt, torch = _import_runtime()
         self._torch = torch
+        from lpes.converter.trust import check_received_folder
+
         self.engine_dir = Path(engine_dir)
+        check_received_folder(self.engine_dir)  # its sidecar names no plugin or library (converter/trust.py)
         self.sidecar = read_sidecar(self.engine_dir)
         path = self.engine_dir / ENGINE_FILE
         if not path.is_file():
@@ -47,6 +50,10 @@ class TrtCausalLM:
     def _load(self, trt, path: Path) -> None:
         self._logger = trt.Logger(trt.Logger.WARNING)
         self._runtime = trt.Runtime(self._logger)
+        # An engine may embed plugin libraries (host code) that deserialising would load: a received
+        # engine is data, so never (lpes builds engines without plugins).
+        if hasattr(self._runtime, "engine_host_code_allowed"):
+            self._runtime.engine_host_code_allowed = False
         with self._torch.cuda.device(self.device):
             self.engine = self._runtime.deserialize_cuda_engine(path.read_bytes())
             if self.engine is None:
