@@ -53,27 +53,45 @@ def hub_id(base_model: str) -> str | None:
 
 
 def write_model_card(out_dir: Path, spec: Spec, base_model: str, config, validation_md: str = "",
-                     measured: Measured | None = None, verdict: str | None = None, why: str = "") -> Path:
+                     measured: Measured | None = None, verdict: str | None = None, why: str = "",
+                     searched_on: str | None = None) -> Path:
     """Write `out_dir/README.md`; `validation_md` is the validation table, `measured` its numbers,
-    `verdict` the validation's ("passed", "failed", "not validated"; None: validation did not run) and `why`
-    what failed or did not run."""
+    `verdict` the validation's ("passed", "failed", "not validated"; None: validation did not run), `why`
+    what failed or did not run, and `searched_on` the model and/or task the curve was searched on when they
+    are not `base_model` and the task measured (validation.report's `searched_on`)."""
     path = Path(out_dir) / "README.md"
     write_text_atomic(path, model_card(spec, base_model, config, validation_md, measured,
-                               custom_code=(Path(out_dir) / MODELING_FILE).is_file(), verdict=verdict, why=why))
+                               custom_code=(Path(out_dir) / MODELING_FILE).is_file(), verdict=verdict, why=why,
+                               searched_on=searched_on))
     return path
 
 
+CARD_HEADING = "with LPES per-layer RoPE scaling"  # in every card's title line
+
+
+def is_model_card(path: Path) -> bool:
+    """Whether `path` is a model card lpes wrote (its title line), which lpes-validate may rewrite."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            head = handle.read(4096)
+    except OSError:
+        return False
+    return any(line.startswith("# ") and line.endswith(CARD_HEADING) for line in head.splitlines())
+
+
 def model_card(spec: Spec, base_model: str, config, validation_md: str = "", measured: Measured | None = None,
-               *, custom_code: bool = True, verdict: str | None = None, why: str = "") -> str:
+               *, custom_code: bool = True, verdict: str | None = None, why: str = "",
+               searched_on: str | None = None) -> str:
     """The card's text (see the module docstring)."""
     repo = hub_id(base_model)
     shown = repo or Path(base_model).name  # a local folder by its name only: no paths of this machine
     name = f"{shown.split('/')[-1]}-lpes"
     sections = [
         _front_matter(repo),
-        f"# {name}: {shown} with LPES per-layer RoPE scaling",
+        f"# {name}: {shown} {CARD_HEADING}",
         _intro(shown, repo, custom_code),
-        "## What was measured\n\n" + _verdict_text(verdict, why) + _measured_text(spec, config, measured),
+        "## What was measured\n\n" + _verdict_text(verdict, why) + _searched_text(searched_on)
+        + _measured_text(spec, config, measured, searched_on),
         _load_section(name, custom_code),
         _scales_section(spec),
     ]
@@ -114,12 +132,21 @@ def _is_bundled(base_model: str) -> bool:
     return base_model in bundled_models()
 
 
-def _measured_text(spec: Spec, config, measured: Measured | None) -> str:
+def _measured_text(spec: Spec, config, measured: Measured | None, searched_on: str | None = None) -> str:
     search = spec.provenance.get("search") if isinstance(spec.provenance.get("search"), dict) else {}
     trained = getattr(config, "max_position_embeddings", None)
     if measured is None:
         return _from_provenance(spec, search, trained)
-    return "\n\n".join([_task_text(measured, trained, search), _finding_text(measured, spec.best_uniform_scale)])
+    return "\n\n".join([_task_text(measured, trained, search, searched_on),
+                        _finding_text(measured, spec.best_uniform_scale, searched_on)])
+
+
+def _searched_text(searched_on: str | None) -> str:
+    """Said first when the curve comes from a search on another model or task: its baselines are not this one's."""
+    if not searched_on:
+        return ""
+    return (f"**These scales were searched on {searched_on}**, not on this model and task: the curve and the "
+            "baselines' settings are that search's best, applied here as they are.\n\n")
 
 
 def _verdict_text(verdict: str | None, why: str) -> str:
@@ -133,7 +160,7 @@ def _verdict_text(verdict: str | None, why: str) -> str:
     return ""
 
 
-def _task_text(m: Measured, trained: int | None, search: dict) -> str:
+def _task_text(m: Measured, trained: int | None, search: dict, searched_on: str | None = None) -> str:
     per_index = m.examples // max(len(m.lpes.by_gold_index), 1)
     text = (f"The task is key-value retrieval: each prompt hides {m.num_pairs} key-value facts, then asks for "
             f"the value of one of them; an answer is correct when greedy decoding gives that value. The "
@@ -149,13 +176,16 @@ def _task_text(m: Measured, trained: int | None, search: dict) -> str:
                  else "within the length it was made for")
         text += (f" The base model's config gives {trained} positions (`max_position_embeddings`): "
                  f"the prompts are {where}.")
-    if "calibration_examples" in search:
+    if "calibration_examples" in search and searched_on:
+        text += (f" The search (on {searched_on}, above) calibrated on {search['calibration_examples']} prompts of "
+                 "its own, not on these.")
+    elif "calibration_examples" in search:
         text += (f" The scales were found by `lpes-search` on {search['calibration_examples']} other prompts "
                  f"of the same task (calibration), so none of these was seen by the search.")
     return text
 
 
-def _finding_text(m: Measured, uniform_scale: float | None) -> str:
+def _finding_text(m: Measured, uniform_scale: float | None, searched_on: str | None = None) -> str:
     far = min(m.lpes.by_gold_index)
     unscaled, lpes = m.unscaled.overall, m.lpes.overall
     text = (f"Unscaled, the model answers {_pct(unscaled)} of them ({_pct(m.unscaled.by_gold_index[far])} when the "
@@ -163,10 +193,11 @@ def _finding_text(m: Measured, uniform_scale: float | None) -> str:
             f"({_pct(m.lpes.by_gold_index[far])}).")
     if m.uniform is not None and uniform_scale is not None:
         uniform = m.uniform.overall
+        found = "the one that other search found" if searched_on else "found by the same search"
         text += (f" The first baseline a per-layer curve has to beat is one linear scale for every layer: the "
-                 f"best, s = {uniform_scale:g}, found by the same search, answers {_pct(uniform)}. ")
+                 f"best, s = {uniform_scale:g}, {found}, answers {_pct(uniform)}. ")
         text += _verdict(lpes, uniform, m.examples)
-    text += _stock_text(m)
+    text += _stock_text(m, searched_on)
     if lpes < unscaled:
         text += " **These scales make the model worse than it was unscaled on this task.**"
     if m.exports_agreeing:
@@ -176,12 +207,14 @@ def _finding_text(m: Measured, uniform_scale: float | None) -> str:
     return text
 
 
-def _stock_text(m: Measured) -> str:
+def _stock_text(m: Measured, searched_on: str | None = None) -> str:
     """The stock RoPE types every runtime has, each at its best factor; said plainly when one beats the curve."""
     if not m.stock:
         return ""
     rows = ", ".join(f"{name} {_pct(a.overall)}" for name, a in m.stock)
-    text = f" The stock length-extension RoPE types, each at its best factor on the calibration prompts: {rows}."
+    where = ("the factor that other search found best" if searched_on
+             else "its best factor on the calibration prompts")
+    text = f" The stock length-extension RoPE types, each at {where}: {rows}."
     name, best = max(m.stock, key=lambda row: row[1].overall)
     if (best.overall - m.lpes.overall) * m.examples >= 0.5:
         text += (f" **{name} beats the per-layer curve here** ({_pct(best.overall)} vs {_pct(m.lpes.overall)}): "
@@ -206,8 +239,12 @@ def _from_provenance(spec: Spec, search: dict, trained: int | None) -> str:
         return "These scales carry no search record and were not validated here; see `lpes_spec.json`."
     text = (f"The scales were found by `lpes-search` on {search.get('calibration_examples', '?')} key-value "
             f"retrieval prompts (`{search.get('data') or 'the model folder default task'}`): each hides facts in "
-            f"a long context and asks for one. On {held.get('examples', '?')} held-out prompts the search "
-            f"measured {_pct(held.get('unscaled'))} correct unscaled and {_pct(held.get('lpes'))} with the scales")
+            "a long context and asks for one. ")
+    if held.get("examples") == 0:  # --holdout 0: no held-out numbers (null in the spec), none to show
+        text += "It held out no prompts (`--holdout 0`), so it measured no held-out accuracy"
+    else:
+        text += (f"On {held.get('examples', '?')} held-out prompts the search measured {_pct(held.get('unscaled'))} "
+                 f"correct unscaled and {_pct(held.get('lpes'))} with the scales")
     if spec.best_uniform_scale is not None and "best_uniform_fitness" in search:
         text += (f"; on its calibration prompts the curve scored {_pct(search.get('fitness'))} and the best single "
                  f"scale for every layer (s = {spec.best_uniform_scale:g}) {_pct(search['best_uniform_fitness'])}")

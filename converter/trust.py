@@ -206,7 +206,46 @@ def check_received_folder(folder: Path) -> None:
             _check_dtype_sidecar(path)
     weights = (folder / SAFETENSORS).exists() or (folder / SAFETENSORS_INDEX).exists()
     if (folder / "config.json").is_file() and weights:
+        check_lpes_fields(folder)
         check_hub_weights(folder)
+
+
+def check_lpes_fields(folder: Path) -> None:
+    """A per-layer Hub folder's config.json `lpes` fields are exactly those lpes writes for its lpes_spec.json
+    and base config: modeling_lpes.py runs on them (scales, module paths), so other values would run another model
+    than the one validated, or fail inside it."""
+    from transformers import AutoConfig
+
+    from lpes.converter.architectures import architecture_for
+    from lpes.converter.hf_folder import _lpes_config
+    from lpes.spec import load_spec
+
+    path = folder / "config.json"
+    data = _read_json(path)
+    fields = data.get("lpes")
+    if not isinstance(fields, dict) or "base_model_type" not in fields:
+        return  # a stock-RoPE folder: plain transformers reads it
+    if not (folder / "lpes_spec.json").is_file():
+        raise LpesError(f"{folder} has per-layer scales in config.json but no lpes_spec.json; it is not a folder "
+                        "lpes-convert wrote")
+    base = {k: v for k, v in data.items() if k not in ("auto_map", "lpes", "architectures", "model_type")}
+    try:
+        config = AutoConfig.for_model(str(fields["base_model_type"]), **base)
+        config.architectures = [str(fields.get("base_architecture"))]
+        spec = load_spec(folder / "lpes_spec.json").for_layers(config.num_hidden_layers)
+        layout = architecture_for(config).patch_kwargs(config)
+        expected = _lpes_config(data, spec, config, str(fields["base_architecture"]), layout,
+                                str(fields.get("lpes_version")))["lpes"]
+    except LpesError as err:
+        raise LpesError(f"{path}: {err}") from None
+    except Exception as err:  # noqa: BLE001 - transformers' and the layout's own errors on a doctored config
+        raise LpesError(f"{path}: its 'lpes' fields are not what lpes-convert writes ({type(err).__name__}: "
+                        f"{str(err).splitlines()[0][:80] if str(err) else ''})") from None
+    for key in sorted(set(expected) | set(fields)):
+        if expected.get(key) != fields.get(key):
+            raise LpesError(f"{path}: 'lpes.{key}' is {str(fields.get(key))[:60]}, but lpes writes "
+                            f"{str(expected.get(key))[:60]} for this folder's lpes_spec.json and base config; "
+                            "refusing to run it (convert the model again)")
 
 
 def _walk(folder: Path) -> list[Path]:

@@ -34,11 +34,15 @@ class HubFolder(Target):
 
         job = self.job
         if validation is None:  # --no-validate: nothing was checked, and the card says so
+            from lpes.converter.loading import other_model_searched
+
+            searched_on = other_model_searched(job.spec.searched_model, job.model_path, job.config, job.model_name)
             write_model_card(folder, job.spec, job.model_name, job.config, verdict="not validated",
-                             why="converted with --no-validate")
+                             why="converted with --no-validate", searched_on=searched_on)
         else:
             write_model_card(folder, job.spec, job.model_name, job.config, validation.markdown(),
-                             validation.measured(), validation.verdict, validation.verdict_reason())
+                             validation.measured(), validation.verdict, validation.verdict_reason(),
+                             searched_on=validation.searched_on)
 
     @classmethod
     def open(cls, folder: Path, run: RunContext) -> OpenedExport:

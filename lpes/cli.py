@@ -245,7 +245,14 @@ def _validate_parser() -> argparse.ArgumentParser:
 
 
 def _validate(argv: list[str] | None) -> int:
-    from lpes.converter.loading import DEFAULT_MODEL, check_device, default_dtype, resolve_model
+    from lpes.converter.loading import (
+        DEFAULT_MODEL,
+        check_device,
+        default_dtype,
+        load_config,
+        resolve_model,
+        searched_elsewhere,
+    )
     from lpes.converter.trust import check_hub_code, check_received_folder
     from lpes.search.run import check_answer_tokens
     from lpes.validation.report import find_spec, resolve_task, validate
@@ -260,6 +267,9 @@ def _validate(argv: list[str] | None) -> int:
     spec = find_spec(args.dir)
     model = args.model or spec.provenance.get("base_model") or DEFAULT_MODEL
     model_path = resolve_model(model)
+    elsewhere = searched_elsewhere(spec.searched_model, model_path, load_config(model_path), model)
+    if elsewhere:
+        print(f"lpes-validate: warning: {elsewhere}", file=sys.stderr)
     device = check_device(args.device)
     dtype = default_dtype(device) if args.dtype == "auto" else args.dtype
     override = resolve_task(model_path, spec, args.data, args.chat_template, args.answer_tokens).override

@@ -18,7 +18,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lpes.converter.loading import check_dtype, load_config, model_fingerprint, model_label, resolve_model
+from lpes.converter.loading import (
+    check_dtype,
+    load_config,
+    model_fingerprint,
+    model_label,
+    resolve_model,
+    searched_elsewhere,
+)
 from lpes.converter.reference import check_layout, check_rope_scheme
 from lpes.errors import LpesError
 from lpes.exporters.targets import ExportJob, Target, parse_targets
@@ -91,17 +98,19 @@ def plan(options: ConvertOptions) -> ConvertPlan:
     config = load_config(model_path)
     spec = load_spec(options.spec) if not isinstance(options.spec, Spec) else options.spec
     spec = spec.for_layers(config.num_hidden_layers)
-    _warn_if_made_for_another_model(spec, config)
+    _warn_if_made_for_another_model(spec, config, model_path, options.model)
     check_layout(config)
     check_rope_scheme(config, spec.rope)  # per-layer yarn/dynamic need a model whose own RoPE is plain
     out = check_output_folder(options.out, model_path, options.force)
     task_note = None
     if options.validate:  # a typo in --data, or the search's data file missing, fails now, not after the export
         from lpes.search.run import check_answer_tokens
-        from lpes.validation.report import resolve_task
+        from lpes.validation.report import check_task_encodes, resolve_task
 
         check_answer_tokens(options.answer_tokens)
-        task_note = resolve_task(model_path, spec, options.data, options.chat_template, options.answer_tokens).override
+        task = resolve_task(model_path, spec, options.data, options.chat_template, options.answer_tokens)
+        task_note = task.override
+        check_task_encodes(model_path, task, model_label(options.model))  # a tokenizer that fails: now, one line
     names = [cls.name for cls in target_classes]
     if options.push_to_hub and "hf" not in names:
         raise LpesError("--push-to-hub uploads the Hub folder; add hf to --to")
@@ -109,7 +118,8 @@ def plan(options: ConvertOptions) -> ConvertPlan:
         from lpes.converter.hub import check_push_target
 
         check_push_target(options.push_to_hub)  # repo id, token, the Hub reachable: now, not after the export
-    job = ExportJob(model_path, model_label(options.model), config, _with_provenance(spec, config, options.model),
+    job = ExportJob(model_path, model_label(options.model), config,
+                    _with_provenance(spec, config, model_path, options.model),
                     options.dtype, options.validate)
     targets = [cls(job, options.target_options.get(cls.name)) for cls in target_classes]
     for target in targets:
@@ -120,22 +130,19 @@ def plan(options: ConvertOptions) -> ConvertPlan:
                        str(options.model))
 
 
-def _warn_if_made_for_another_model(spec: Spec, config) -> None:
-    """A curve searched on one model may be applied to another on purpose; say so, do not refuse."""
-    made_for = spec.provenance.get("model")
-    if not isinstance(made_for, dict):
-        return
-    here = model_fingerprint(config)
-    differs = [k for k in ("architecture", "rope_parameters") if k in made_for and made_for[k] != here[k]]
-    if differs:
-        _progress(f"warning: the spec was searched on another model (different {', '.join(differs)})")
+def _warn_if_made_for_another_model(spec: Spec, config, model_path: Path, model_name: str) -> None:
+    """A curve searched on one model may be applied to another on purpose; say so in one line, do not refuse."""
+    line = searched_elsewhere(spec.searched_model, model_path, config, model_name)
+    if line:
+        _progress(f"warning: {line}")
 
 
-def _with_provenance(spec: Spec, config, model_name: str) -> Spec:
+def _with_provenance(spec: Spec, config, model_path: Path, model_name: str) -> Spec:
+    """The spec as the output holds it: `model` stays the model it was searched on (this one if it says none)."""
     import lpes
 
     provenance = dict(spec.provenance)
-    provenance.setdefault("model", model_fingerprint(config))
+    provenance.setdefault("model", model_fingerprint(config, model_path, model_name))
     provenance["base_model"] = model_label(model_name)
     provenance["lpes_version"] = lpes.__version__
     return replace(spec, provenance=provenance)

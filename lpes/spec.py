@@ -47,8 +47,10 @@ Provenance that other stages read is typed: `search` (with `best_uniform_scale` 
 1 <= f <= MAX_SCALE, and `task`, the task the curve was searched on: `{"data": description or
 null, "chat_template": bool, "answer_tokens": int >= 1 or null, "prompt_tokens": [shortest,
 longest]}`, each key known), `model` and `held_out` are objects, `base_model` and `lpes_version`
-strings; read them through `Spec.best_uniform_scale`, `Spec.stock_baselines`, `Spec.search_task`
-and `Spec.base_model`.
+strings; read them through `Spec.best_uniform_scale`, `Spec.stock_baselines`, `Spec.search_task`,
+`Spec.searched_model` and `Spec.base_model`. `model` is the model the curve was searched on
+(converter.loading.model_fingerprint: architecture, RoPE, and where lpes-search wrote it `name`,
+`config_sha256` and `weights_sha256`, strings); `base_model` the model a conversion applied it to.
 """
 
 from __future__ import annotations
@@ -259,6 +261,12 @@ class Spec:
             answer = search.get("answer_tokens")
             return SearchTask(data, chat, answer if _is_int(answer) and answer >= 1 else None)
         return None
+
+    @property
+    def searched_model(self) -> dict[str, Any] | None:
+        """The fingerprint of the model the curve was searched on (`provenance.model`), None if not recorded."""
+        model = self.provenance.get("model")
+        return model if isinstance(model, dict) else None
 
     @property
     def base_model(self) -> str | None:
@@ -603,6 +611,10 @@ def _check_provenance(provenance: Any) -> dict[str, Any]:
     for key in ("base_model", "lpes_version"):
         if provenance.get(key) is not None and not isinstance(provenance[key], str):
             raise LpesError(f"spec: 'provenance.{key}' must be a string, got {_show(provenance[key])}")
+    for key in ("name", "config_sha256", "weights_sha256"):  # read to tell another model (Spec.searched_model)
+        value = provenance.get("model", {}).get(key)
+        if value is not None and not isinstance(value, str):
+            raise LpesError(f"spec: 'provenance.model.{key}' must be a string, got {_show(value)}")
     uniform = provenance.get("search", {}).get("best_uniform_scale")
     if uniform is not None:
         if not _is_number(uniform):

@@ -6,7 +6,16 @@ import argparse
 
 from lpes.errors import ArgumentParser
 from lpes.search.genome import MAX_GRID_VALUES
-from lpes.search.run import DTYPE_CHOICES, MAX_BATCH_SIZE, MAX_GENERATIONS, MAX_POPULATION, SearchOptions, search
+from lpes.search.run import (
+    DTYPE_CHOICES,
+    GA_POPULATION,
+    MAX_BATCH_SIZE,
+    MAX_GENERATIONS,
+    MAX_POPULATION,
+    OPTIMIZERS,
+    SearchOptions,
+    search,
+)
 from lpes.spec import MAX_DEGREE
 
 DEFAULTS = SearchOptions()
@@ -65,10 +74,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "A file is split in two halves that share no record: calibration and held-out. "
                         "Default: the model folder's lpes_task.json, else kv with 75 pairs, 25 examples, "
                         "gold 0+24+49+74")
+    parser.add_argument("--optimizer", default=DEFAULTS.optimizer, choices=list(OPTIMIZERS),
+                        help="what breeds the candidates: ga (the papers' genetic algorithm) or cmaes (CMA-ES over "
+                        "the same genome and grid); both race exactly and resume alike (default %(default)s)")
     parser.add_argument("--population", type=int, default=DEFAULTS.population,
-                        help=f"genomes per generation, 2..{MAX_POPULATION} (default %(default)s)")
+                        help=f"genomes per generation, 2..{MAX_POPULATION} (default: {GA_POPULATION} for ga, "
+                        "4 + floor(3 ln(2 x degree)) for cmaes, 9 at degree 3)")
     parser.add_argument("--generations", type=int, default=DEFAULTS.generations,
-                        help=f"generations after the first, 0..{MAX_GENERATIONS} (default %(default)s)")
+                        help=f"generations after the first, 0..{MAX_GENERATIONS}, at most (default %(default)s)")
+    parser.add_argument("--patience", type=int, default=DEFAULTS.patience, metavar="K",
+                        help="stop once the best curve has not changed for K generations, or can no longer change "
+                        "(fitness 1.0 with --ties first); 0 runs every generation (default %(default)s)")
     parser.add_argument("--degree", type=int, default=DEFAULTS.degree,
                         help=f"Bezier degree, 1..{MAX_DEGREE} (default 3: cubic, as the paper)")
     parser.add_argument("--scale-grid", default=DEFAULTS.scale_grid, metavar="MIN:MAX:STEP",
@@ -132,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         method=args.method, ties=args.ties, racing=args.racing, batch_size=args.batch_size,
         chat_template=args.chat_template, ray=args.ray, replicas=args.replicas,
         gpus_per_replica=args.gpus_per_replica, baselines=args.baselines, rope_type=args.rope_type,
-        answer_tokens=args.answer_tokens,
+        answer_tokens=args.answer_tokens, optimizer=args.optimizer, patience=args.patience,
     )
     search(args.model, args.out, options, force=args.force)
     return 0

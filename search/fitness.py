@@ -49,6 +49,39 @@ class ModelEvaluator:
             verdict.update(zip(result.example_ids, result.verdicts))
         return [verdict[i] for i in example_ids]
 
+    def correct_many(self, jobs: list[tuple[Candidate, list[int]]]) -> list[list[bool]]:
+        """Verdicts of several candidates at once, each on its own example ids: one job per replica.
+
+        With fewer jobs than replicas the largest share is halved until every replica has one (or no
+        share holds two examples); with more, they go in rounds. Racing sends one genome's chunk per
+        replica this way, so 16 replicas race 16 genomes instead of cutting one genome's chunk 16 ways.
+        """
+        score_many = getattr(self.pool, "score_many", None)
+        if score_many is None:  # a pool without it (a test's stand-in): one candidate at a time
+            return [self.correct(candidate, ids) for candidate, ids in jobs]
+        shares = [(j, list(ids)) for j, (_, ids) in enumerate(jobs) if ids]
+        while shares and len(shares) < self.pool.size:
+            largest = max(range(len(shares)), key=lambda k: len(shares[k][1]))
+            job, ids = shares[largest]
+            if len(ids) < 2:
+                break
+            shares[largest:largest + 1] = [(job, ids[0::2]), (job, ids[1::2])]
+        verdicts: list[dict[int, bool]] = [{} for _ in jobs]
+        for start in range(0, len(shares), self.pool.size):
+            round_ = shares[start:start + self.pool.size]
+            calls = [(self._scheme(jobs[j][0]), ids) for j, ids in round_]
+            for (j, _), result in zip(round_, score_many(calls)):
+                self.forward_tokens += result.forward_tokens
+                self.usage[result.slot].busy_s += result.busy_s
+                self.usage[result.slot].forward_tokens += result.forward_tokens
+                verdicts[j].update(zip(result.example_ids, result.verdicts))
+        return [[verdicts[j][i] for i in ids] for j, (_, ids) in enumerate(jobs)]
+
+    def _scheme(self, candidate: Candidate) -> Candidate:
+        if isinstance(candidate, tuple) and not self.rope.linear:
+            return SchemeScales(candidate, self.rope)
+        return candidate
+
 
 class UsageMeter:
     """Per report: each replica's share of the wall time spent scoring, and its tokens per second."""

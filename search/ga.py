@@ -54,6 +54,9 @@ class GASettings:
     chunk: int = 8  # most examples scored between two racing checks (one full batch per replica)
     first_chunk: int = 1  # a genome's first chunks are small and double up to `chunk`: most hopeless ones fail at once
     ties: str = "gentle"  # at equal fitness: "gentle" (smaller sum |log s_h| first) or "first" (queue order only)
+    replicas: int = 1  # genomes raced at once, each its own chunk on its own replica (racing stays exact)
+    # Stop once the best has not changed for this many generations, or can no longer change; 0: never.
+    patience: int = 0
 
 
 @dataclass
@@ -80,6 +83,10 @@ class SearchState:
     raced_out: int = 0
     duplicates_skipped: int = 0
     forward_tokens: int = 0
+    unchanged: int = 0  # generations since the best last changed (the patience rule)
+    stop_reason: str | None = None  # why the search ended before its last generation
+    improvements: list[list] = field(default_factory=list)  # [fitness, tokens]: each time best_fitness rose
+    optimizer: dict | None = None  # an optimizer's own state (search/cma.py)
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -159,13 +166,28 @@ class GeneticSearch:
         if not state.parents:
             self._scan_uniform(state)
             self._first_generation(state, rng)
-        while state.generation < self.settings.generations:
+        while state.generation < self.settings.generations and state.stop_reason is None:
             scored = self._race(self._breed(state, rng), state, state.parents, self.settings.parents,
                                 self._label(state.generation + 1))
+            before = state.parents[0]
             state.parents = _best(state.parents + scored, self.settings.parents, self._total)
             state.generation += 1
+            self._track_best(state, before)
             self._end_generation(state, rng, scored)
         return state
+
+    def _track_best(self, state: SearchState, before: Scored) -> None:
+        """The patience rule, after a generation: stop when the best can no longer change, or has not for K."""
+        best = state.parents[0]
+        state.unchanged = 0 if self._key(best.genome) != self._key(before.genome) else state.unchanged + 1
+        patience = self.settings.patience
+        if not patience:
+            return
+        # Fitness 1.0 with Eq. 7 alone (or with the unscaled genome itself): no genome can rank above it.
+        if best.fitness >= 1.0 and (self.settings.ties == "first" or best.deviation == 0):
+            state.stop_reason = "fitness 1.0: no curve can replace the best"
+        elif state.unchanged >= patience:
+            state.stop_reason = f"no better curve for {patience} generations (--patience {patience})"
 
     @property
     def _total(self) -> int:
@@ -206,11 +228,12 @@ class GeneticSearch:
         return None if fitness is None else Scored(genome, fitness, order, self._deviation(self._scales(genome)))
 
     def _race(self, genomes: list[Genome], state: SearchState, parents: list[Scored], keep: int,
-              label: str = "", known: int = 0) -> list[Scored]:
+              label: str = "", known: int = 0, counts: dict[str, int] | None = None) -> list[Scored]:
         """Score `genomes` just enough to know exactly the best `keep` of parents + genomes.
 
         Returns the genomes scored in full (every one without racing); see the module docstring.
-        `label` and `known` (candidates of the step already scored) are for the progress line.
+        `label` and `known` (candidates of the step already scored) are for the progress line;
+        `counts`: the places each genome takes among the `keep` (by scale key; default one each).
         """
         runners = [self._runner(g, state) for g in genomes]
         scored: list[Scored] = []
@@ -220,38 +243,45 @@ class GeneticSearch:
         for _ in range(known):
             progress.finished()
         try:
-            self._race_runners(runners, state, parents, keep, scored, progress)
+            self._race_runners(runners, state, parents, keep, scored, progress, counts)
         finally:
             progress.close()
         return scored
 
     def _race_runners(self, runners: list[_Runner], state: SearchState, parents: list[Scored], keep: int,
-                      scored: list[Scored], progress: StepProgress) -> None:
+                      scored: list[Scored], progress: StepProgress, counts: dict[str, int] | None = None) -> None:
+        # With R replicas the R runners of highest best possible rank advance at once, each by its own
+        # chunk on its own replica: the chunks do not grow with R, so neither do the tokens racing spends.
         while runners:
             if self.settings.racing:
-                runners = self._drop_hopeless(runners, parents + scored, keep, state, progress)
+                runners = self._drop_hopeless(runners, parents + scored, keep, state, progress, counts)
                 if not runners:
                     break
-                runner = min(runners, key=lambda r: r.best_rank(self._total))
+                batch = sorted(runners, key=lambda r: r.best_rank(self._total))[:max(1, self.settings.replicas)]
             else:
-                runner = runners[0]
-            progress.computed(self._score_chunk(runner, state, self._chunk_size(runner)))
-            if len(runner.done) == self._total:
-                runners.remove(runner)
-                progress.finished()
-                fitness = runner.correct / self._total
-                state.seen[runner.key] = [fitness, runner.order]
-                state.evaluations += 1
-                if fitness > state.best_fitness:
-                    state.best_fitness, state.tokens_to_best = fitness, self._tokens_now()
-                scored.append(Scored(runner.genome, fitness, runner.order, runner.deviation))
+                batch = runners[:1]
+            progress.computed(self._score_chunks(batch, state))
+            for runner in batch:
+                if len(runner.done) == self._total:
+                    runners.remove(runner)
+                    progress.finished()
+                    fitness = runner.correct / self._total
+                    state.seen[runner.key] = [fitness, runner.order]
+                    state.evaluations += 1
+                    if fitness > state.best_fitness:
+                        state.best_fitness, state.tokens_to_best = fitness, self._tokens_now()
+                        state.improvements.append([fitness, state.tokens_to_best])
+                    scored.append(Scored(runner.genome, fitness, runner.order, runner.deviation))
 
     def _drop_hopeless(self, runners: list[_Runner], pool: list[Scored], keep: int, state: SearchState,
-                       progress: StepProgress):
-        """The runners that could still rank among the best `keep` of `pool` and themselves."""
-        if len(pool) < keep:
+                       progress: StepProgress, counts: dict[str, int] | None = None):
+        """The runners that could still rank among the best `keep` of `pool` and themselves.
+
+        `counts`: how many places each genome takes (a genome sampled twice by CMA-ES takes two); default one.
+        """
+        bar = self._bar(pool, keep, counts)
+        if bar is None:
             return runners
-        bar = _rank(_best(pool, keep, self._total)[-1], self._total)
         alive = []
         for runner in runners:
             if runner.best_rank(self._total) < bar:
@@ -262,6 +292,15 @@ class GeneticSearch:
                 progress.skipped(self._total - len(runner.done))
                 progress.finished(raced_out=True)
         return alive
+
+    def _bar(self, pool: list[Scored], keep: int, counts: dict[str, int] | None) -> tuple | None:
+        """The rank a runner must beat to place among the best `keep` (None: fewer places taken than that)."""
+        taken = 0
+        for scored in _best(pool, len(pool), self._total):
+            taken += 1 if counts is None else counts.get(self._key(scored.genome), 1)
+            if taken >= keep:
+                return _rank(scored, self._total)
+        return None
 
     def _runner(self, genome: Genome, state: SearchState) -> _Runner:
         scales = self._scales(genome)
@@ -277,16 +316,25 @@ class GeneticSearch:
             return self._total
         return min(self.settings.chunk, max(self.settings.first_chunk, len(runner.done)))
 
-    def _score_chunk(self, runner: _Runner, state: SearchState, size: int) -> int:
-        """Score `runner` on the next `size` examples it has not met, those failed most often first; how many."""
-        todo = sorted((i for i in range(self._total) if i not in runner.done), key=lambda i: (-state.failures[i], i))
-        ids = todo[:size]
-        verdicts = self.evaluator.correct(runner.scales, ids)
-        runner.correct += sum(verdicts)
-        runner.done.update(ids)
-        for i, ok in zip(ids, verdicts):
-            state.failures[i] += not ok
-        return len(ids)
+    def _score_chunks(self, batch: list[_Runner], state: SearchState) -> int:
+        """Score each runner of `batch` on its next chunk of examples it has not met, those failed most often
+        first (one replica each when there are several); how many verdicts."""
+        jobs = []
+        for runner in batch:
+            todo = sorted((i for i in range(self._total) if i not in runner.done),
+                          key=lambda i: (-state.failures[i], i))
+            jobs.append((runner.scales, todo[:self._chunk_size(runner)]))
+        many = getattr(self.evaluator, "correct_many", None)
+        if many is not None and len(jobs) > 1:
+            results = many(jobs)
+        else:
+            results = [self.evaluator.correct(scales, ids) for scales, ids in jobs]
+        for runner, (_, ids), verdicts in zip(batch, jobs, results):
+            runner.correct += sum(verdicts)
+            runner.done.update(ids)
+            for i, ok in zip(ids, verdicts):
+                state.failures[i] += not ok
+        return sum(len(ids) for _, ids in jobs)
 
     def _breed(self, state: SearchState, rng: random.Random) -> list[Genome]:
         children: list[Genome] = []
@@ -337,6 +385,8 @@ class GeneticSearch:
             "raced_out": state.raced_out,
             "duplicates_skipped": state.duplicates_skipped,
             "forward_tokens": state.forward_tokens,
+            "genomes": len(state.seen),  # distinct scale vectors met so far: what a search without racing scores
+            "unchanged": state.unchanged,
         })
         state.rng_state = _rng_to_json(rng)
         if self.on_generation is not None:

@@ -84,6 +84,10 @@ class ReplicaPool(Protocol):
         """Verdicts of `candidate` on each share of example ids, one share per replica, in order."""
         ...
 
+    def score_many(self, jobs: list[tuple[Candidate, list[int]]]) -> list[ShareResult]:
+        """Verdicts of each (candidate, example ids) job, at most one job per replica, in order."""
+        ...
+
     def greedy_accuracy(self, scales: Candidate, examples: list[Example]) -> float:
         """Greedy accuracy (the benchmark's test) of `scales` on `examples`, on one replica."""
         ...
@@ -305,10 +309,13 @@ class LocalPool:
         self._threads = ThreadPoolExecutor(self.size) if self.size > 1 else None
 
     def score(self, candidate: Candidate, shares: list[list[int]]) -> list[ShareResult]:
-        runs = list(zip(self.replicas, shares))
+        return self.score_many([(candidate, share) for share in shares])
+
+    def score_many(self, jobs: list[tuple[Candidate, list[int]]]) -> list[ShareResult]:
+        runs = list(zip(self.replicas, jobs))
         if self._threads is None:
-            return [replica.score(candidate, share) for replica, share in runs]
-        return list(self._threads.map(lambda run: run[0].score(candidate, run[1]), runs))
+            return [replica.score(*job) for replica, job in runs]
+        return list(self._threads.map(lambda run: run[0].score(*run[1]), runs))
 
     def greedy_accuracy(self, scales: Candidate, examples: list[Example]) -> float:
         return self.replicas[0].greedy_accuracy(scales, examples)
@@ -368,8 +375,11 @@ class RayPool:
         self._pool = ActorPool(list(self._actors))
 
     def score(self, candidate: Candidate, shares: list[list[int]]) -> list[ShareResult]:
-        results = self._run_all([lambda actor, ids=share: actor.score.remote(candidate, ids) for share in shares])
-        if any(list(r.example_ids) != list(share) for r, share in zip(results, shares)):
+        return self.score_many([(candidate, share) for share in shares])
+
+    def score_many(self, jobs: list[tuple[Candidate, list[int]]]) -> list[ShareResult]:
+        results = self._run_all([lambda actor, job=job: actor.score.remote(*job) for job in jobs])
+        if any(list(r.example_ids) != list(ids) for r, (_, ids) in zip(results, jobs)):
             raise RuntimeError("replica results came back out of order")  # ActorPool.get_next keeps order
         return results
 

@@ -25,6 +25,8 @@ from lpes.search.replicas import ReplicaPool, check_replica_options, open_pool
 from lpes.spec import ROPE_SCHEMES, RopeScheme, SearchTask, Spec, StockRope, dump_spec, write_text_atomic
 
 TIES = ("gentle", "first")
+OPTIMIZERS = ("ga", "cmaes")  # the papers' genetic algorithm; CMA-ES (search/cma.py)
+GA_POPULATION = 32  # LongRoPE's GA used 64; racing makes a larger one cheap, 32 is enough for 4 points
 DTYPE_CHOICES = ("auto", "float32", "float16", "bfloat16")
 # Sane bounds: beyond them a typo would run for days or allocate without end.
 MAX_POPULATION = 10_000
@@ -38,8 +40,12 @@ _NO_LAYOUT = {"device": None, "ray": None, "replicas": None, "gpus_per_replica":
 @dataclass(frozen=True)
 class SearchOptions:
     data: str | None = None  # kv:pairs=N,... or FILE.jsonl; None: the model folder's own task
-    population: int = 32  # LongRoPE's GA used 64; racing makes a larger one cheap, 32 is enough for 4 points
+    # None: the optimizer's own (GA_POPULATION; CMA-ES's 4 + floor(3 ln n) for its n = 2 * degree genes).
+    population: int | None = None
     generations: int = 20
+    optimizer: str = "ga"  # "ga": the papers' genetic algorithm; "cmaes": CMA-ES (search/cma.py)
+    # Stop once the best curve has not changed for this many generations (or can no longer change); 0: never.
+    patience: int = 0
     degree: int = 3  # the papers' cubic curve
     scale_grid: str = "1:4:0.25"  # covers Ms-PoE's 1.2-1.8 and the 2-4x interpolation of context extension
     seed: int = 0
@@ -73,8 +79,12 @@ def check_options(options: SearchOptions) -> tuple[ScaleGrid, GASettings]:
     """Fail in a second on bad settings, before any model is loaded."""
     from lpes.spec import MAX_DEGREE
 
-    _check_range("--population", options.population, 2, MAX_POPULATION)
+    if options.population is not None:
+        _check_range("--population", options.population, 2, MAX_POPULATION)
     _check_range("--generations", options.generations, 0, MAX_GENERATIONS)
+    _check_range("--patience", options.patience, 0, MAX_GENERATIONS)
+    if options.optimizer not in OPTIMIZERS:
+        raise LpesError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {options.optimizer!r}")
     _check_range("--degree", options.degree, 1, MAX_DEGREE)
     if options.method not in METHODS:
         raise LpesError(f"--method must be one of {', '.join(METHODS)}")
@@ -93,10 +103,27 @@ def check_options(options: SearchOptions) -> tuple[ScaleGrid, GASettings]:
     if not grid.values:
         raise LpesError(f"--scale-grid {options.scale_grid!r} has no values")
     _check_rope_type(options.rope_type, grid, options.scale_grid)
-    settings = GASettings(population=options.population, generations=options.generations,
-                          parents=max(1, options.population // 2), seed=options.seed, racing=options.racing,
-                          ties=options.ties)
+    population = resolve_population(options)
+    settings = GASettings(population=population, generations=options.generations,
+                          parents=max(1, population // 2), seed=options.seed, racing=options.racing,
+                          ties=options.ties, patience=options.patience)
     return grid, settings
+
+
+def resolve_population(options: SearchOptions) -> int:
+    """--population, or the optimizer's own default."""
+    from lpes.search.cma import default_population
+
+    if options.population is not None:
+        return options.population
+    return GA_POPULATION if options.optimizer == "ga" else default_population(options.degree)
+
+
+def search_class(optimizer: str):
+    """The search loop of `--optimizer`: GeneticSearch or CMASearch (same racing, checkpoints, patience)."""
+    from lpes.search.cma import CMASearch
+
+    return GeneticSearch if optimizer == "ga" else CMASearch
 
 
 def check_answer_tokens(value: int | None) -> None:
@@ -194,7 +221,9 @@ def _search(model: str, out: Path, options: SearchOptions, force: bool, progress
     held_out_data = examples_for(task, model_path, use_chat_template=options.chat_template, split="validation")
     space = SearchSpace(grid, config.num_hidden_layers, options.degree)
     tokenizer = _tokenizer(model_path)
-    check_vocabulary(tokenizer, [f"{e.prompt} {e.answer}" for e in examples + held_out_data], "--data")
+    every = examples + held_out_data  # prompts and answers apart: an answer that encodes to nothing is named
+    check_vocabulary(tokenizer, [e.prompt for e in every] + [e.answer for e in every], "--data",
+                     model_label(str(model)))
     holdout = _held_out_examples(held_out_data, options.holdout)
     lengths = _lengths(tokenizer, examples)
     dtype = resolve_dtype(options)
@@ -206,11 +235,11 @@ def _search(model: str, out: Path, options: SearchOptions, force: bool, progress
     pool = open_pool(model_path, tokenizer, examples, method=options.method, batch_size=options.batch_size,
                      dtype=dtype, device=options.device, ray=options.ray, replicas=options.replicas,
                      gpus_per_replica=options.gpus_per_replica)
-    # Racing chunks start at one example per replica (most hopeless genomes fail at once) and double
-    # up to one full batch per replica: coarser chunks would waste tokens.
-    settings = replace(settings, chunk=options.batch_size * pool.size, first_chunk=pool.size)
+    # Racing chunks start at one example (most hopeless genomes fail at once) and double up to one full
+    # batch; with several replicas as many genomes race at once, one chunk each, so chunks do not grow with them.
+    settings = replace(settings, chunk=options.batch_size, first_chunk=1, replicas=pool.size)
     evaluator = ModelEvaluator(pool, len(examples), rope)
-    reporter = _Reporter(progress, UsageMeter(evaluator.usage), lambda: evaluator.forward_tokens)
+    reporter = _Reporter(progress, UsageMeter(evaluator.usage), lambda: evaluator.forward_tokens, options.patience)
 
     def after_generation(state: SearchState) -> None:
         write_text_atomic(checkpoint, json.dumps({"settings_key": key, "state": state.to_json()}))
@@ -219,14 +248,14 @@ def _search(model: str, out: Path, options: SearchOptions, force: bool, progress
     # It scans the uniform scales first and seeds generation 0 with the best: with elitism the
     # curve found can only match or beat it on calibration.
     try:
-        state = GeneticSearch(space, evaluator, settings, after_generation, reporter.step).run(state)
+        state = search_class(options.optimizer)(space, evaluator, settings, after_generation, reporter.step).run(state)
         if state.parents[0].fitness <= 0:  # an all-ones curve would be written as if it were a finding
             checkpoint.unlink(missing_ok=True)
             raise LpesError(_nothing_scored(pool, tokenizer, examples, config.num_hidden_layers, options, task))
         best = state.parents[0].genome
         spec = replace(best.spec(grid, config.num_hidden_layers), rope=rope)
-        baselines, skipped = _stock_baselines(config, options, evaluator, grid, settings.chunk, progress,
-                                              max(n for _, n in lengths))
+        baselines, skipped = _stock_baselines(config, options, evaluator, grid, options.batch_size * pool.size,
+                                              progress, max(n for _, n in lengths))
         if not rope.linear:  # the uniform scan was this stock type's own scan, raced the same way
             baselines.insert(0, _uniform_as_stock(rope, state, grid))
         held_out = _held_out(pool, holdout, spec)
@@ -237,9 +266,11 @@ def _search(model: str, out: Path, options: SearchOptions, force: bool, progress
     finally:
         pool.close()
     provenance = {
-        "model": model_fingerprint(config),
+        "model": model_fingerprint(config, model_path, str(model)),  # name, config and weights digests
         "base_model": model_label(str(model)),  # a local folder by its name: best.json is shared
         "search": {**asdict(options), **_NO_LAYOUT, "data": portable_description(options.data), "dtype": dtype,
+                   "population": settings.population, "generations_run": state.generation,
+                   "stop_reason": state.stop_reason, "optimizer_version": (state.optimizer or {}).get("version"),
                    "calibration_examples": len(examples),
                    "calibration_data": split_provenance(task, "search"),
                    "held_out_data": split_provenance(task, "validation", -(-len(holdout) // _gold_count(holdout))),
@@ -261,8 +292,10 @@ def _search(model: str, out: Path, options: SearchOptions, force: bool, progress
     spec = replace(spec, provenance=provenance)
     _write_outputs(spec, state, out)
     checkpoint.unlink(missing_ok=True)
+    held = (f"held-out {_score(held_out['unscaled'])} -> {_score(held_out['lpes'])}" if held_out["examples"]
+            else f"no held-out examples: --holdout {options.holdout}")
     print(f"lpes-search: wrote {out} in {time.time() - started:.0f}s (fitness {state.parents[0].fitness:.3f}, "
-          f"held-out {_score(held_out['unscaled'])} -> {_score(held_out['lpes'])})", file=sys.stderr)
+          f"{held})", file=sys.stderr)
     better = [b for b in baselines if b["fitness"] > state.parents[0].fitness]
     if better:
         names = ", ".join(f"{StockRope(b['rope_type'], b['factor']).name} ({b['fitness']:.3f})" for b in better)
@@ -435,8 +468,9 @@ def _write_outputs(spec: Spec, state: SearchState, out: Path) -> None:
 class _Reporter:
     """A progress line inside every step (search/progress.py) and a log line per generation."""
 
-    def __init__(self, enabled: bool, usage: UsageMeter, tokens):
+    def __init__(self, enabled: bool, usage: UsageMeter, tokens, patience: int = 0):
         self.enabled, self.usage, self.tokens = enabled, usage, tokens
+        self.patience = patience
 
     def step(self, label: str, candidates: int, verdicts: int) -> StepProgress:
         return StepProgress(label, candidates, verdicts, self.tokens, self.enabled)
@@ -452,4 +486,9 @@ class _Reporter:
                        f"{last['scored']} scored, {last['raced_out']} raced out, "
                        f"{last['duplicates_skipped']} duplicates skipped, {last['forward_tokens']} tokens; "
                        f"replicas busy {' '.join(f'{b:.0%}' for b in busy)}, "
-                       f"tokens/s {' '.join(f'{r:.0f}' for r in rate)}", file=sys.stderr)
+                       f"tokens/s {' '.join(f'{r:.0f}' for r in rate)}"
+                       + (f"; best unchanged {state.unchanged}/{self.patience} generations" if self.patience else ""),
+                       file=sys.stderr)
+            if state.stop_reason:
+                tqdm.write(f"lpes-search: stopping after generation {state.generation}: {state.stop_reason}",
+                           file=sys.stderr)

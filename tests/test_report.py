@@ -80,7 +80,9 @@ def test_exports_agree_with_the_reference_and_files_are_written(conversion):
     assert "![accuracy by gold index](validation.png)" in markdown
     assert "0/12 differ (float32, allowed 0): ok" in markdown and markdown.rstrip().endswith("**passed**")
     assert (out / "validation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert result.files == [out / "validation.json", out / "validation.md", out / "validation.png"]
+    # The Hub folder's model card is rewritten with the validation it embeds (issue 29).
+    assert result.files == [out / "validation.json", out / "validation.md", out / "validation.png", out / "README.md"]
+    assert markdown.strip() in (out / "README.md").read_text()
     assert "**passed**" in result.format()
 
 

@@ -10,6 +10,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 from lpes.cli import search_main
 from lpes.search import ga as ga_module
+from lpes.search.cma import CMASearch, default_population
 from lpes.search.ga import GASettings, GeneticSearch
 from lpes.search.genome import ScaleGrid, SearchSpace
 from lpes.validation import tiny_kv
@@ -21,9 +22,18 @@ class ThresholdTask:
     def __init__(self, n=48, seed=1):
         rng = random.Random(seed)
         self.thresholds = [rng.uniform(1, 4) for _ in range(n)]
-        self.num_examples, self.forward_tokens, self.calls = n, 0, []
+        self.num_examples, self.forward_tokens, self.calls, self.rounds = n, 0, [], 0
 
     def correct(self, scales, ids):
+        self.rounds += 1
+        return self._verdicts(scales, ids)
+
+    def correct_many(self, jobs):
+        """Several (scales, ids) at once, as a pool of replicas scores them: one round."""
+        self.rounds += 1
+        return [self._verdicts(scales, ids) for scales, ids in jobs]
+
+    def _verdicts(self, scales, ids):
         self.calls.append((scales, tuple(ids)))
         self.forward_tokens += 100 * len(ids)
         return [scales[0] >= self.thresholds[i] and scales[-1] <= 2.0 for i in ids]
@@ -32,12 +42,19 @@ class ThresholdTask:
 SPACE = SearchSpace(ScaleGrid.parse("1:4:0.25"), num_layers=8, degree=3)
 
 
-def run(racing, seed=0, generations=8, population=12, ties="gentle"):
+def run(racing, seed=0, generations=8, population=12, ties="gentle", optimizer=GeneticSearch, replicas=1,
+        patience=0):
     task = ThresholdTask()
-    state = GeneticSearch(SPACE, task, GASettings(population=population, generations=generations,
-                                                  parents=population // 2, seed=seed, racing=racing,
-                                                  chunk=8, ties=ties)).run()
+    state = optimizer(SPACE, task, GASettings(population=population, generations=generations,
+                                              parents=population // 2, seed=seed, racing=racing, chunk=8,
+                                              ties=ties, replicas=replicas, patience=patience)).run()
     return state, task
+
+
+def outcome(state):
+    """What a search decides: its parents, the best per generation, CMA-ES's told ranks."""
+    return ([(s.genome, s.fitness, s.order) for s in state.parents], [h["best"] for h in state.history],
+            state.optimizer)
 
 
 @pytest.mark.parametrize("seed, ties", [(0, "gentle"), (1, "gentle"), (2, "gentle"), (0, "first"), (1, "first")])
@@ -49,6 +66,56 @@ def test_racing_changes_cost_not_result(seed, ties):
     assert [h["best"] for h in raced.history] == [h["best"] for h in plain.history]
     assert (raced.uniform["scale"], raced.uniform["fitness"]) == (plain.uniform["scale"], plain.uniform["fitness"])
     assert raced.raced_out > 0 and raced_task.forward_tokens < plain_task.forward_tokens
+
+
+@pytest.mark.parametrize("seed, ties", [(0, "gentle"), (1, "gentle"), (0, "first")])
+def test_cmaes_racing_changes_cost_not_result(seed, ties):
+    """CMA-ES is told the exact ranks of its best half and the rest as tied: the same with or without racing."""
+    population = default_population(SPACE.degree)
+    raced, raced_task = run(True, seed, ties=ties, optimizer=CMASearch, population=population)
+    plain, plain_task = run(False, seed, ties=ties, optimizer=CMASearch, population=population)
+    assert outcome(raced) == outcome(plain)
+    assert len(raced.optimizer["told"]) == 9 and raced.history[-1]["best"] > raced.history[0]["best"]
+    assert raced.raced_out > 0 and raced_task.forward_tokens < plain_task.forward_tokens
+
+
+@pytest.mark.parametrize("optimizer", [GeneticSearch, CMASearch])
+def test_racing_several_genomes_at_once_changes_cost_not_result(optimizer):
+    """With R replicas R genomes race at once, each its own chunk: the result of one replica, in fewer rounds."""
+    one, one_task = run(True, optimizer=optimizer, population=9)
+    many, many_task = run(True, optimizer=optimizer, population=9, replicas=4)
+    assert outcome(many) == outcome(one)
+    assert many_task.rounds < one_task.rounds  # several genomes per round: fewer rounds
+    assert max(len(ids) for _, ids in many_task.calls) <= 8  # the chunks did not grow with the replicas
+
+
+@pytest.mark.parametrize("optimizer", [GeneticSearch, CMASearch])
+def test_the_same_seed_gives_the_same_search(optimizer):
+    first, _ = run(True, seed=3, optimizer=optimizer, population=9)
+    again, _ = run(True, seed=3, optimizer=optimizer, population=9)
+    other, _ = run(True, seed=4, optimizer=optimizer, population=9)
+    assert outcome(first) == outcome(again) and first.seen == again.seen
+    assert first.seen != other.seen
+
+
+@pytest.mark.parametrize("optimizer", [GeneticSearch, CMASearch])
+def test_patience_stops_where_the_best_stopped_changing(optimizer):
+    """The patient search is the full search cut short: the same path up to the generation it stops at."""
+    full, full_task = run(True, generations=15, optimizer=optimizer, population=9)
+    patient, patient_task = run(True, generations=15, optimizer=optimizer, population=9, patience=2)
+    stop = patient.generation
+    assert stop < 15 and patient.stop_reason
+    assert patient.history == full.history[:stop + 1]
+    assert patient.stop_reason == "no better curve for 2 generations (--patience 2)"
+    assert patient.history[-1]["unchanged"] == 2 and all(h["unchanged"] < 2 for h in patient.history[:-1])
+    assert patient_task.forward_tokens < full_task.forward_tokens
+
+
+def test_fitness_one_with_ties_first_ends_the_search_at_once():
+    state, _ = run(True, generations=15, population=9, ties="first", patience=50)
+    assert state.parents[0].fitness == 1.0 and state.stop_reason.startswith("fitness 1.0")
+    reached = next(h["generation"] for h in state.history if h["best"] == 1.0)
+    assert state.generation == max(reached, 1)
 
 
 @pytest.mark.parametrize("racing", [False, True])
@@ -92,7 +159,16 @@ def search_args(model, out, *extra):
             "--scale-grid", "1:3:0.5", *extra]
 
 
-def test_kill_and_resume_gives_the_same_bytes(tmp_path, tiny_kv_model, monkeypatch):
+@pytest.mark.parametrize("optimizer", ["ga", "cmaes"])
+def test_kill_and_resume_gives_the_same_bytes(tmp_path, tiny_kv_model, monkeypatch, optimizer):
+    # CMA-ES starts at the best uniform scale, where the random-weight model answers nothing (the GA's random
+    # genomes find answers): it searches the bundled model on short prompts instead.
+    model, layers = (tiny_kv_model, 3) if optimizer == "ga" else ("lpes-tiny-kv", 4)
+    extra = [] if optimizer == "ga" else ["--data", "tiny-kv:examples=1,length=512", "--scale-grid", "1:4:0.5"]
+
+    def search_args(_, out):
+        return globals()["search_args"](model, out, "--optimizer", optimizer, "--patience", "0", *extra)
+
     assert search_main(search_args(tiny_kv_model, tmp_path / "a.json")) == 0
     original = ga_module.GeneticSearch._end_generation
 
@@ -109,7 +185,8 @@ def test_kill_and_resume_gives_the_same_bytes(tmp_path, tiny_kv_model, monkeypat
     assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
     assert not (tmp_path / "b.json.state.json").exists()
     spec = json.loads((tmp_path / "a.json").read_text())
-    assert spec["provenance"]["search"]["seed"] == 0 and len(spec["scales"]) == 3
+    assert spec["provenance"]["search"]["seed"] == 0 and len(spec["scales"]) == layers
+    assert spec["provenance"]["search"]["optimizer"] == optimizer and spec["provenance"]["search"]["population"] == 6
     assert (tmp_path / "a_curve.png").is_file() and (tmp_path / "a_fitness.png").is_file()
 
 

@@ -111,6 +111,7 @@ class ValidationReport:
     kept: str | None = None  # the earlier results this run did not overwrite, and where this run's went
     # Published text -> what the console shows instead (a path as the user typed it, absolute ones included).
     console_paths: dict[str, str] = field(default_factory=dict)
+    searched_on: str | None = None  # the model and/or task the curve was searched on, when not the ones measured
 
     @property
     def verdict(self) -> str:
@@ -196,6 +197,7 @@ class ValidationReport:
             "gold_indices": self.gold_indices,
             "max_new_tokens": self.max_new_tokens,
             "task": self.task,
+            "searched_on": self.searched_on,
             "checks": [c.to_json() for c in self.checks],
             "setup_problem": self.setup_problem,
             "warnings": self.warnings,
@@ -222,6 +224,9 @@ class ValidationReport:
         lines = ["Checks:", ""] + [f"- {c.line()}" for c in self.checks] + [""]
         if self.task:
             lines += [f"Task: {self.task}.", ""]
+        if self.searched_on:
+            lines += [f"Searched on: {self.searched_on}. The curve and the baselines' settings were found by "
+                      "lpes-search there, not on what this table measures.", ""]
         if self.variants:
             lines += self._table()
         if self.harm():
@@ -373,10 +378,13 @@ def validate(
     name = model_label(str(model_name or spec.provenance.get("base_model") or Path(model_path).name))
     task = None if examples is not None else resolve_task(model_path, spec, data, chat_template, answer_tokens)
     exports = _found_exports(out_dir, variants)
-    kv_plan = _plan_kv(model_path, config, examples, task, reference_dtype, max_new_tokens)
+    kv_plan = _plan_kv(model_path, config, examples, task, reference_dtype, max_new_tokens, name)
     longest = max(kv_plan.sequence_tokens, default=0) or 64  # the prompts plus the answers' budgets
     rope = checks.rope_check(config, spec, max(_positions_to_check(config, spec), longest))
-    planned = _plan_variants(spec, config, longest, exports) if kv_plan.skipped is None else []
+    other_model, other_task = _searched_on(spec, model_path, config, name, task)
+    searched_on = " and ".join(p for p in (other_model, other_task) if p) or None
+    note = BASELINE_NOTE if searched_on is None else f"PyTorch, searched on {other_model or 'another task'}"
+    planned = _plan_variants(spec, config, longest, exports, note) if kv_plan.skipped is None else []
     rerun, console = _rerun_command(out_dir, shown_dir, shown_model or name, data, chat_template, answer_tokens)
     results: list[VariantResult] = []
     setup = None
@@ -392,21 +400,54 @@ def validate(
             verdict = "failed" if setup or not all(v.passed for v in results) else "passed"
             took = checks.format_seconds(time.perf_counter() - started)
             kv = checks.Check("kv", verdict, f"{len(kv_plan.examples)} examples in {took} (estimated {estimate})")
-    elif kv_plan.tokenizer_missing:
-        kv = checks.Check("kv", "skipped", f"{kv_plan.skipped}; to run it, with --model naming this model where its "
-                          f"tokenizer is (a folder or Hub id): {rerun}")
+    elif kv_plan.tokenizer_missing:  # --model with the same folder would skip again: say what to give it
+        elsewhere, shown = _rerun_command(out_dir, shown_dir, TOKENIZER_MODEL, data, chat_template, answer_tokens)
+        console.update(shown)
+        kv = checks.Check("kv", "skipped", f"{kv_plan.skipped}; to run it, name as {TOKENIZER_MODEL} a folder or Hub "
+                          f"id of this model that has its tokenizer files: {elsewhere} (or copy them, e.g. "
+                          f"tokenizer.json and tokenizer_config.json, into {_shown_path(shown_model or name)} and run "
+                          f"{rerun})")
     else:
         kv = checks.Check("kv", "skipped", f"{kv_plan.skipped}; to run it where it fits: {rerun}")
     report = ValidationReport(name, kv_plan.examples if results else [], results, max_new_tokens, [rope, kv],
                               prompt_tokens=kv_plan.prompt_tokens if results else [],
                               task=_task_line(task, kv_plan, spec), setup_problem=setup,
-                              console_paths={p: c for p, c in console.items() if p != c})
+                              console_paths={p: c for p, c in console.items() if p != c}, searched_on=searched_on)
     report.warnings += kv_plan.warnings
     unscaled = next((v for v in results if v.name == UNSCALED and v.scores is not None), None)
     if unscaled is not None and (said := answers_not_value(unscaled.scores.results, kv_plan.examples)):
         report.warnings.append(f"{said} (the unscaled model)")
     write_report(report, out_dir)
+    _rewrite_model_card(out_dir, report, spec, config, spec.base_model or name)
     return report
+
+
+TOKENIZER_MODEL = "MODEL_WITH_TOKENIZER"  # the skip message's placeholder for a model folder that has a tokenizer
+
+
+def _searched_on(spec: Spec, model_path: Path, config, name: str,
+                 task: ResolvedTask | None) -> tuple[str | None, str | None]:
+    """What the curve and its baselines were searched on, where it is not what is validated here: the other
+    model's name, and "another task (DATA)"; None for each that is this one (or that the spec does not record)."""
+    from lpes.converter.loading import other_model_searched
+
+    model = other_model_searched(spec.searched_model, model_path, config, name)
+    other_task = None
+    if task is not None and task.other_task:
+        other_task = f"another task ({shareable_data(task.searched.data) or 'the model folder task'})"
+    return model, other_task
+
+
+def _rewrite_model_card(out_dir: Path, report: ValidationReport, spec: Spec, config, base_model: str) -> None:
+    """The folder's model card, rewritten with this validation when it replaced validation.md (lpes-validate on a
+    Hub folder): the card's text and the table and plot it embeds then tell the same story. Left alone when
+    the earlier results were kept (`report.kept`), or the folder has no lpes model card."""
+    from lpes.converter.model_card import is_model_card, write_model_card
+
+    if report.kept is not None or not is_model_card(out_dir / "README.md"):
+        return
+    report.files.append(write_model_card(out_dir, spec, base_model, config, report.markdown(), report.measured(),
+                                         report.verdict, report.verdict_reason(), searched_on=report.searched_on))
 
 
 # ---- the task ----
@@ -422,6 +463,7 @@ class ResolvedTask:
     source: str  # "the search's", "--data", "the model's own"
     searched: Any = None  # spec.SearchTask, or None
     override: str | None = None  # one line when a flag replaces what the search used
+    other_task: bool = False  # a flag makes it another task than the curve was searched on (not just fewer examples)
 
 
 def resolve_task(model_path: Path, spec: Spec | None, data: str | None = None, chat_template: bool | None = None,
@@ -465,7 +507,47 @@ def resolve_task(model_path: Path, spec: Spec | None, data: str | None = None, c
         override = f"validating on {'; '.join(changed)}" + (": not the task the curve was searched on"
                                                              if other_task else "")
     source = "--data" if data is not None else ("the search's" if searched is not None else "the model's own")
-    return ResolvedTask(config, chat, used, source, searched, override)
+    return ResolvedTask(config, chat, used, source, searched, override, other_task)
+
+
+def check_task_encodes(model_path: Path, task: ResolvedTask, source: str | None = None) -> None:
+    """The task's prompts and answers encode with the model's tokenizer (`tasks.check_vocabulary`, as lpes-search
+    checks its data), else LpesError in one line: lpes-convert calls it at plan time, before any export.
+    Nothing to check without tokenizer files (key-value scoring is then skipped, and says why)."""
+    from lpes.converter.loading import has_tokenizer, load_tokenizer
+    from lpes.validation.tasks import examples_for
+
+    if not has_tokenizer(model_path):
+        return
+    tokenizer = load_tokenizer(model_path)
+    examples = examples_for(task.config, model_path, tokenizer=tokenizer, use_chat_template=task.chat_template,
+                            split="validation")
+    check_examples_encode(tokenizer, examples, task, source)
+
+
+_TASK_SOURCES = {"--data": "from --data", "the search's": "the task the curve was searched on",
+                 "the model's own": "the model's own task"}
+
+
+def check_examples_encode(tokenizer, examples: Sequence[Example], task: ResolvedTask | None,
+                          source: str | None = None) -> None:
+    """Every prompt and answer of `examples` encodes to tokens; else LpesError naming the tokenizer and the task."""
+    from lpes.validation.tasks import check_vocabulary
+
+    if task is None:
+        what = "the validation examples"
+    elif task.data is None:
+        what = f"validation on the model folder's own task ({task.config.task})"
+    elif task.source == "--data":
+        what = f"validation on --data {shareable_data(task.data)}"
+    else:
+        what = f"validation on {shareable_data(task.data)} ({_TASK_SOURCES.get(task.source, task.source)})"
+    try:
+        check_vocabulary(tokenizer, [e.prompt for e in examples] + [e.answer for e in examples], what, source)
+    except LpesError as err:
+        if task is not None and task.source == "the search's":
+            raise LpesError(f"{err}; pass --data for a task in this model's words") from None
+        raise
 
 
 def _same_task_but_size(model_path: Path, data: str, searched: str | None) -> bool:
@@ -595,7 +677,8 @@ def _positions_to_check(config, spec: Spec) -> int:
     return min(MAX_ROPE_POSITIONS, max(trained, int(trained * max(spec.scales))))
 
 
-def _plan_kv(model_path: Path, config, examples, task: ResolvedTask | None, dtype, max_new_tokens) -> KvPlan:
+def _plan_kv(model_path: Path, config, examples, task: ResolvedTask | None, dtype, max_new_tokens,
+             source: str | None = None) -> KvPlan:
     """Whether key-value scoring can run here: a tokenizer and memory for the weights; the examples."""
     from lpes.converter.loading import DTYPES, available_memory, has_tokenizer, load_tokenizer, parameter_count
 
@@ -616,6 +699,7 @@ def _plan_kv(model_path: Path, config, examples, task: ResolvedTask | None, dtyp
     examples = list(examples)
     if not examples:
         raise LpesError("validation needs at least one example")
+    check_examples_encode(tokenizer, examples, task, source)  # one line, before any model is loaded
     encoded = scoring.encode_examples(tokenizer, examples)
     prompts = [len(e.prompt_ids) for e in encoded]
     budgets = [max_new_tokens or x.answer_tokens or len(e.answer_ids) for x, e in zip(examples, encoded)]
@@ -627,18 +711,19 @@ def _plan_kv(model_path: Path, config, examples, task: ResolvedTask | None, dtyp
     return plan
 
 
-def _plan_variants(spec: Spec, config, longest: int, exports) -> list[PlannedVariant]:
+def _plan_variants(spec: Spec, config, longest: int, exports, baseline_note: str = "") -> list[PlannedVariant]:
     """The unscaled model, the baselines, the curve, the exports; each torch variant that computes what an
     earlier one computes (scale 1 everywhere, YaRN at 1, dynamic NTK within the trained length) is scored once."""
     from lpes.converter.reference import stock_rope_unsupported
 
+    baseline_note = baseline_note or BASELINE_NOTE
     layers = len(spec.scales)
     planned = [PlannedVariant(UNSCALED, "unscaled", (1.0,) * layers)]
     same = "identical to the unscaled model, scored once"
     uniform = spec.best_uniform_scale
     if uniform is not None:  # the baselines a per-layer curve must beat, found by lpes-search
         planned.append(PlannedVariant(f"{UNIFORM} s={uniform:g}", "uniform", (uniform,) * layers,
-                                      note=BASELINE_NOTE + (f"; {same}" if uniform == 1.0 else ""), baseline=True,
+                                      note=baseline_note + (f"; {same}" if uniform == 1.0 else ""), baseline=True,
                                       same_as=UNSCALED if uniform == 1.0 else None))
     trained = getattr(config, "max_position_embeddings", None)
     for rope in spec.stock_baselines:
@@ -649,9 +734,9 @@ def _plan_variants(spec: Spec, config, longest: int, exports) -> list[PlannedVar
         if rope.same_as_unscaled(longest, trained):
             where = f" on prompts within its {trained} trained positions" if rope.length_dependent else ""
             planned.append(PlannedVariant(rope.name, "stock", rope=rope, baseline=True, same_as=UNSCALED,
-                                          note=f"{BASELINE_NOTE}; {same}{where}"))
+                                          note=f"{baseline_note}; {same}{where}"))
             continue
-        note = f"{BASELINE_NOTE}, one example at a time" if rope.length_dependent else BASELINE_NOTE
+        note = f"{baseline_note}, one example at a time" if rope.length_dependent else baseline_note
         planned.append(PlannedVariant(rope.name, "stock", rope=rope, note=note, baseline=True,
                                       one_at_a_time=rope.length_dependent))
     twin = next((v.name for v in planned if v.scales == tuple(spec.scales) and v.same_as is None), None)
