@@ -45,8 +45,8 @@ DEFAULT_CACHE = Path(tempfile.gettempdir()) / "lpes-bench-verdicts"
 class Bench:
     """Runs searches through cached pools and keeps what each one spent."""
 
-    def __init__(self, cache: Path, replicas: int = 1):
-        self.cache, self.replicas = cache, replicas
+    def __init__(self, cache: Path, replicas: int = 1, progress: bool = False):
+        self.cache, self.replicas, self.progress = cache, replicas, progress
         self.pool: CachedPool | None = None
         self.state = self.evaluator = None
         real_open, real_end, real_evaluator = (run_module.open_pool, ga_module.GeneticSearch._end_generation,
@@ -75,7 +75,7 @@ class Bench:
     def run(self, model: str, options: SearchOptions, name: str) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             started = time.perf_counter()
-            spec = search(model, Path(tmp) / "best.json", options, force=True, progress=False)
+            spec = search(model, Path(tmp) / "best.json", options, force=True, progress=self.progress)
             seconds = time.perf_counter() - started
         found, state, pool = spec.provenance["search"], self.state, self.pool
         row = {"name": name, "model": model, "tokens": found["forward_tokens"], "wall_s": seconds,
