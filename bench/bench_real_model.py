@@ -11,6 +11,10 @@ pair count, `examples` records per gold index; a markdown table and a plot. Ever
 generation and verdict (lost-in-the-middle's best_subspan_em, also checked here against the
 benchmark's evaluate_kv_responses.py rule: the value, lowercased, inside the lowercased
 answer) goes to OUT/position.json.
+`compare`: the same held-out prompts lpes-convert validates on (the folder's task, `examples`
+per gold index) for each variant of a searched spec: `unscaled`, `uniform` (its best uniform
+scale), `yarn` / `dynamic` (its stock baselines at their best calibration factor), `lpes` (the
+curve), each in its own process if you like (`--variants lpes`), to OUT/compare-VARIANT.json.
 """
 
 from __future__ import annotations
@@ -99,6 +103,44 @@ def position(model_path: Path, model, tokenizer, pairs: list[int], examples: lis
     return rows
 
 
+def compare(model_path: Path, model, tokenizer, spec_path: Path, variants: list[str], per_index: int,
+            out: Path) -> None:
+    from lpes.converter.reference import apply, use_stock_rope
+    from lpes.spec import Spec, load_spec
+
+    spec = load_spec(spec_path, model.config.num_hidden_layers)
+    layers = model.config.num_hidden_layers
+    config = replace(task_config(model_path, None), examples_per_index=per_index)
+    items = examples_for(config, model_path, tokenizer=tokenizer, split="validation")
+    for variant in variants:
+        use_stock_rope(model, None)
+        label = variant
+        if variant == "uniform":
+            scale = spec.best_uniform_scale or 1.0
+            apply(model, Spec.from_scales([scale] * layers))
+            label = f"uniform s={scale:g}"
+        elif variant in ("yarn", "dynamic"):
+            stock = next(b for b in spec.stock_baselines if b.rope_type == variant)
+            use_stock_rope(model, stock)
+            label = stock.name
+        elif variant == "lpes":
+            apply(model, spec)
+            label = "LPES " + ", ".join(f"{s:g}" for s in spec.scales)
+        started = time.perf_counter()
+        batch = 1 if variant == "dynamic" else 4
+        scores = scoring.greedy_correct(model, tokenizer, items, batch_size=batch,
+                                        progress=Progress(label[:40], len(items)))
+        print(file=sys.stderr)
+        row = {"variant": label, "examples": len(items), "seconds": round(time.perf_counter() - started, 1),
+               "accuracy": round(scores.accuracy, 3),
+               "accuracy_by_gold_index": {str(k): round(v, 3) for k, v in scores.accuracy_by_gold_index().items()},
+               "answers": [{"gold_index": e.gold_index, "value": e.answer, "generated": r.generated,
+                            "correct": r.correct} for e, r in zip(items, scores.results)]}
+        print(json.dumps({k: v for k, v in row.items() if k != "answers"}), flush=True)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"compare-{variant}.json").write_text(json.dumps(row, indent=1) + "\n")
+
+
 def plot(rows: list[dict], path: Path, name: str) -> None:
     import matplotlib
 
@@ -122,7 +164,9 @@ def plot(rows: list[dict], path: Path, name: str) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=["cost", "position"])
+    parser.add_argument("what", choices=["cost", "position", "compare"])
+    parser.add_argument("--spec", type=Path, help="compare: the searched best.json")
+    parser.add_argument("--variants", default="unscaled+uniform+yarn+lpes", help="compare: joined by +")
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--lengths", default="512+2048+8000", help="cost: prompt lengths, joined by +")
     parser.add_argument("--pairs", default="20+100+350", help="position: pair counts, joined by +")
@@ -136,6 +180,8 @@ def main() -> int:
     tokenizer = load_tokenizer(model_path)
     if args.what == "cost":
         cost(model, tokenizer, [int(n) for n in args.lengths.split("+")])
+    elif args.what == "compare":
+        compare(model_path, model, tokenizer, args.spec, args.variants.split("+"), int(args.examples), args.out)
     else:
         position(model_path, model, tokenizer, [int(n) for n in args.pairs.split("+")],
                  [int(n) for n in args.examples.split("+")], args.out)

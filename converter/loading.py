@@ -453,9 +453,11 @@ def load_tokenizer(path: Path):
         raise LpesError(f"{path} has no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}, ...)")
     try:
         return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
-    except (OSError, ValueError, TypeError, KeyError) as err:
+    except Exception as err:  # noqa: BLE001 - the tokenizers library raises a bare Exception for a bad tokenizer.json
+        if not isinstance(err, (OSError, ValueError, TypeError, KeyError)) and type(err) is not Exception:
+            raise
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise LpesError(f"cannot load the tokenizer of {path}: {first}") from None
+        raise LpesError(f"cannot load the tokenizer of {path}: {first[:200]}") from None
 
 
 def check_device(name: str | None) -> str:

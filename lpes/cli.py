@@ -225,7 +225,8 @@ def _validate_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(
         prog="lpes-validate",
         description="Key-value retrieval accuracy by gold position for the unscaled model, the LPES reference, "
-        "and every export found in DIR (DIR/onnx, DIR/tensorrt). Writes validation.json/.md/.png into DIR.",
+        "and every export found in DIR (DIR/onnx, DIR/tensorrt). Writes validation.json/.md/.png into DIR, and "
+        "rewrites DIR's model card (README.md) with them when they replace the earlier ones.",
         epilog=EXAMPLES_VALIDATE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -1,37 +1,41 @@
-"""CMA-ES over the GA's genome and grid (`--optimizer cmaes`), with the same exact racing.
+"""CMA-ES over the GA's genome and grid (`--optimizer cmaes`), raced exactly against the best so far.
 
 The genome is the GA's (search/genome.py): the x of the interior control points on the layer
 grid and the y of every control point on the scale grid. CMA-ES (the `cmaes` package, which
 optuna's CmaEsSampler is built on) samples points of [0, 1]^n, one coordinate per gene, and
 each point is rounded to the nearest genome (interior x sorted), so the search moves on the
 grid and every candidate is a genome the GA could breed. It starts at the best uniform scale
-of the raced uniform scan, which is also the best so far: the curve found can only match or
-beat it on calibration.
+of the raced uniform scan, which is the first incumbent (the best so far): the curve found can
+only match or beat it on calibration.
 
-What CMA-ES is told, and why racing stays exact: CMA-ES uses only the order of its samples.
-Each generation the best `mu` (half the population) are ranked exactly by the selection rule
-(fitness, then with `ties="gentle"` the smaller sum |log s_h|, then queue order), found by the
-GA's racing with `keep = mu`; the rest are told as tied after them, in sampling order. Ranking
-the rest would mean scoring them in full, and it is what racing skips: told this way, CMA-ES
-gets exactly the same information whether racing is on or off, with any number of replicas,
-so the search walks the same path and ends with the same curve. (The rest feed only CMA-ES's
-active covariance update, which pushes the distribution away from them; their order there is
-sampling order instead of fitness order.) A point rounded to a genome scored before costs
-nothing; two samples of one genome take two places among the best `mu`.
+Each generation races every sample against the incumbent, the comparison racing decides
+cheaply: a sample may fail at most as many examples as keeps it ranked above the incumbent by
+the selection rule (fitness, then with `ties="gentle"` the smaller sum |log s_h|, then queue
+order), and it meets the examples in one order fixed for the generation, the hardest so far
+first. It is refuted at the example where its failures pass that allowance (its depth), or it
+is scored in full and ranks above the incumbent (an improver). CMA-ES is told a full ranking:
+the improvers by the selection rule, then the others, refuted later ranks better (ties: sampling
+order). Scoring a sample in full would only tell what racing skips, so CMA-ES gets the same
+ranking with or without racing and with any number of replicas: the search walks the same
+path and ends with the same curve. The hardness that orders the examples counts only verdicts
+every such run computes (each sample's up to its depth) and the incumbent's failures.
 
-The best curve is the best genome of any generation (the best of a generation is always among
-its `mu` scored in full). Resuming replays CMA-ES from its seed and the ranks told so far
-(kept in the checkpoint): the same samples, the same state, with no model call.
+A challenger's fate depends on itself and the incumbent alone, so R replicas race R samples at
+once, each by its own chunk (one example first, doubling up to a batch): the tokens do not
+depend on R. A sample rounded to a genome met before reuses what is known of it.
+
+Resuming replays CMA-ES from its seed and the rankings told so far (kept in the checkpoint):
+the same samples and state, with no model call.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections import Counter
+from dataclasses import dataclass
 
 from lpes.errors import LpesError
-from lpes.search.ga import GeneticSearch, SearchState, _best, _rank
+from lpes.search.ga import GeneticSearch, Scored, SearchState, _best, _selection_key
 from lpes.search.genome import Genome
 
 NAME = "cmaes"
@@ -90,31 +94,135 @@ class CMASearch(GeneticSearch):
     def _generation(self, state: SearchState, optimizer) -> None:
         generation = len(state.optimizer["told"])
         samples = [optimizer.ask() for _ in range(self.settings.population)]
-        genomes = [self._decode(x) for x in samples]
-        keys = [self._key(g) for g in genomes]
-        counts = Counter(keys)
-        distinct = list({k: g for k, g in zip(keys, genomes)}.items())
-        known = [s for s in (self._known(g, state) for _, g in distinct) if s is not None]
-        fresh = [g for k, g in distinct if state.seen.get(k, [None])[0] is None]
-        state.duplicates_skipped += len(samples) - len(fresh)
-        mu = max(1, self.settings.parents)
+        keys = []
+        runners: dict[str, _Challenger] = {}
+        for x in samples:
+            genome = self._decode(x)
+            key = self._key(genome)
+            keys.append(key)
+            if key not in runners:
+                runners[key] = self._challenger(genome, key, state)
+        state.duplicates_skipped += len(samples) - len(runners)
+        incumbent, order = state.parents[0], self._order(state)
+        for runner in runners.values():
+            runner.allowed = self._allowed(runner, incumbent)
         label = self._label(generation, "first population") if generation == 0 else self._label(generation)
-        scored = self._race(fresh, state, known, mu, label, known=len(known), counts=counts)
-        full = {self._key(s.genome): s for s in known + scored}
-        # The best `mu` samples, exactly ranked; every other sample is told as tied after them.
-        order = sorted((j for j in range(len(samples)) if keys[j] in full),
-                       key=lambda j: (_rank(full[keys[j]], self._total), j))[:mu]
-        told = [float(len(samples))] * len(samples)
-        for place, j in enumerate(order):
-            told[j] = float(place)
+        self._race_incumbent(list(runners.values()), order, state, label)
+        improvers = sorted((r for r in runners.values() if r.depth is None), key=lambda r: r.rank(self._total))
+        # The told order: the improvers by the selection rule, then the rest, the later refuted the better.
+        place = {r.key: p for p, r in enumerate(improvers)}
+        told = [float(place[k]) if k in place else float(len(samples) + len(order) - runners[k].depth)
+                for k in keys]
         optimizer.tell(list(zip(samples, told)))
         state.optimizer["told"].append(told)
+        hard = state.optimizer.setdefault("hard", [0] * self._total)
+        for runner in runners.values():  # what racing always computes: each one's verdicts up to its depth
+            for i in order[:runner.depth if runner.depth is not None else len(order)]:
+                hard[i] += i in runner.failed
+        scored = [Scored(r.genome, r.correct / self._total, r.order, r.deviation) for r in improvers if r.fresh]
         before = state.parents[0]
-        state.parents = _best(state.parents + list(full.values()), 1, self._total)
+        state.parents = _best([incumbent] + [Scored(r.genome, r.correct / self._total, r.order, r.deviation)
+                                            for r in improvers], 1, self._total)
         state.generation = generation
         if generation:
             self._track_best(state, before)
         self._end_generation(state, random.Random(0), scored)
+
+    def _challenger(self, genome: Genome, key: str, state: SearchState) -> _Challenger:
+        scales = self._scales(genome)
+        entry = state.seen.get(key)
+        if entry is None:
+            state.seen[key] = [None, len(state.seen), 0, [], []]
+            entry = state.seen[key]
+        if entry[0] is not None:  # scored in full before
+            done, failed = set(range(self._total)), set(entry[2])
+        else:
+            done, failed = set(entry[3]), set(entry[4])
+        return _Challenger(genome, key, scales, self._deviation(scales), entry[1], len(done) - len(failed),
+                           done, failed, fresh=entry[0] is None)
+
+    def _allowed(self, runner: _Challenger, incumbent: Scored) -> int:
+        """The most examples `runner` may fail and still rank above the incumbent (-1: it cannot)."""
+        needed = round(incumbent.fitness * self._total)
+        if (round(runner.deviation, 9), runner.order) >= (round(incumbent.deviation, 9), incumbent.order):
+            needed += 1  # at equal fitness the incumbent ranks first
+        return self._total - needed
+
+    def _order(self, state: SearchState) -> list[int]:
+        """The examples in the order every challenger meets them: the hardest so far first (ties: by index).
+
+        Hardness counts only what racing always computes (each challenger's verdicts up to where it was
+        refuted), and the incumbent's failures, so the order is the same with or without racing."""
+        hard = list((state.optimizer or {}).get("hard") or [0] * self._total)
+        for i in (state.seen[self._key(state.parents[0].genome)] + [[]])[2]:
+            hard[i] += 1
+        return sorted(range(self._total), key=lambda i: (-hard[i], i))
+
+    def _race_incumbent(self, runners: list[_Challenger], order: list[int], state: SearchState, label: str) -> None:
+        """Score each challenger along `order` until it is refuted (more failures than allowed) or scored in full.
+
+        A challenger's fate depends on itself and the incumbent alone, so with R replicas R of them advance
+        at once, each by its own chunk: what they spend does not depend on R."""
+        open_ = [r for r in runners if not self._settle(r, order)]
+        progress = self.step_progress(label, len(runners), sum(self._total - len(r.done) for r in open_))
+        for _ in range(len(runners) - len(open_)):
+            progress.finished(raced_out=True)
+        try:
+            while open_:
+                batch = open_[:max(1, self.settings.replicas)] if self.settings.racing else open_[:1]
+                jobs = []
+                for runner in batch:
+                    todo = [i for i in order if i not in runner.done]
+                    size = min(self.settings.chunk, max(self.settings.first_chunk, len(runner.done)))
+                    jobs.append((runner.scales, todo[:size] if self.settings.racing else todo))
+                many = getattr(self.evaluator, "correct_many", None)
+                results = (many(jobs) if many is not None and len(jobs) > 1
+                           else [self.evaluator.correct(scales, ids) for scales, ids in jobs])
+                progress.computed(sum(len(ids) for _, ids in jobs))
+                for runner, (_, ids), verdicts in zip(batch, jobs, results):
+                    runner.correct += sum(verdicts)
+                    runner.done.update(ids)
+                    runner.failed.update(i for i, ok in zip(ids, verdicts) if not ok)
+                    for i, ok in zip(ids, verdicts):
+                        state.failures[i] += not ok
+                    if self._settle(runner, order):
+                        open_.remove(runner)
+                        self._record(runner, state)
+                        if runner.depth is not None:
+                            progress.skipped(self._total - len(runner.done))
+                        progress.finished(raced_out=runner.depth is not None)
+        finally:
+            progress.close()
+
+    def _settle(self, runner: _Challenger, order: list[int]) -> bool:
+        """Whether `runner` is decided: refuted at `depth` (its failures along `order` passed the allowance
+        there) or an improver (every example met, no more failures than allowed)."""
+        failures = 0
+        for depth, i in enumerate(order, 1):
+            if runner.allowed < 0:
+                runner.depth = 0
+                return True
+            if i not in runner.done:
+                return False
+            failures += i in runner.failed
+            if failures > runner.allowed:
+                runner.depth = depth
+                return True
+        runner.depth = None
+        return True
+
+    def _record(self, runner: _Challenger, state: SearchState) -> None:
+        if len(runner.done) == self._total:
+            fitness = runner.correct / self._total
+            if state.seen[runner.key][0] is None:
+                state.evaluations += 1
+            state.seen[runner.key] = [fitness, runner.order, sorted(runner.failed)]
+            if fitness > state.best_fitness:
+                state.best_fitness, state.tokens_to_best = fitness, self._tokens_now()
+                state.improvements.append([fitness, state.tokens_to_best])
+        else:
+            state.raced_out += 1
+            state.seen[runner.key] = [None, runner.order, runner.correct, sorted(runner.done), sorted(runner.failed)]
 
     def _encode(self, genome: Genome) -> list[float]:
         layers, values = self.space.num_layers - 1, len(self.space.grid.values) - 1
@@ -131,3 +239,23 @@ class CMASearch(GeneticSearch):
 def _nearest(unit: float, top: int) -> int:
     """The grid index nearest `unit` * top, within 0..top (halves round up, the same on every machine)."""
     return min(top, max(0, math.floor(unit * top + 0.5)))
+
+
+@dataclass
+class _Challenger:
+    """A sampled genome raced against the incumbent: its verdicts so far and, once decided, its depth."""
+
+    genome: Genome
+    key: str
+    scales: tuple[float, ...]
+    deviation: float
+    order: int
+    correct: int
+    done: set[int]
+    failed: set[int]
+    fresh: bool = True  # not scored in full before this generation
+    allowed: int = 0
+    depth: int | None = 0  # where it was refuted along the order; None: it ranks above the incumbent
+
+    def rank(self, total: int) -> tuple:
+        return _selection_key(self.correct, self.deviation, self.order)

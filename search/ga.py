@@ -20,7 +20,13 @@ is below the `parents`-th best genome already scored in full. The pool only grow
 bar only rises: a dropped genome could never have been selected, and selection is
 identical to scoring every genome on every example. Racing changes the cost, never the
 result. Each genome meets the examples the population fails most often first, so hopeless
-genomes are found early.
+genomes are found early. With R replicas the R genomes of highest best possible rank advance
+at once, each by its own chunk on its own replica: the chunks do not grow with R (cutting one
+genome's chunk R ways did, and cost 1.6x the tokens at 16 replicas), and selection is the same.
+
+Patience (`patience=K`): the search stops once the best genome has not changed for K
+generations (with gentle ties a gentler curve of equal fitness is a change), or at once when
+nothing can replace it (fitness 1.0 with `ties="first"`, or with the unscaled genome itself).
 """
 
 from __future__ import annotations
@@ -72,7 +78,8 @@ class SearchState:
     generation: int = 0
     rng_state: list | None = None
     parents: list[Scored] = field(default_factory=list)
-    # scale key -> [fitness, queue order], or [None, queue order, right answers, example ids] once raced out
+    # scale key -> [fitness, queue order, examples failed], or once raced out
+    # [None, queue order, right answers, example ids met, of those the ones failed]
     seen: dict[str, list] = field(default_factory=dict)
     failures: list[int] = field(default_factory=list)  # per example: how often scored genomes failed it
     history: list[dict] = field(default_factory=list)
@@ -111,6 +118,7 @@ class _Runner:
     order: int
     correct: int = 0
     done: set[int] = field(default_factory=set)
+    failed: set[int] = field(default_factory=set)  # the examples of `done` it got wrong
 
     def best_rank(self, total: int) -> tuple:
         """Its selection key if every remaining example comes out right (smaller ranks higher)."""
@@ -266,7 +274,7 @@ class GeneticSearch:
                     runners.remove(runner)
                     progress.finished()
                     fitness = runner.correct / self._total
-                    state.seen[runner.key] = [fitness, runner.order]
+                    state.seen[runner.key] = [fitness, runner.order, sorted(runner.failed)]
                     state.evaluations += 1
                     if fitness > state.best_fitness:
                         state.best_fitness, state.tokens_to_best = fitness, self._tokens_now()
@@ -287,7 +295,8 @@ class GeneticSearch:
             if runner.best_rank(self._total) < bar:
                 alive.append(runner)
             else:
-                state.seen[runner.key] = [None, runner.order, runner.correct, sorted(runner.done)]
+                state.seen[runner.key] = [None, runner.order, runner.correct, sorted(runner.done),
+                                          sorted(runner.failed)]
                 state.raced_out += 1
                 progress.skipped(self._total - len(runner.done))
                 progress.finished(raced_out=True)
@@ -306,8 +315,9 @@ class GeneticSearch:
         scales = self._scales(genome)
         key = _key_of(scales)
         if key in state.seen:  # raced out before (the unscaled genome, in the uniform scan): go on from there
-            _, order, correct, done = state.seen[key]
-            return _Runner(genome, key, scales, self._deviation(scales), order, correct, set(done))
+            _, order, correct, done, *failed = state.seen[key]  # (a checkpoint of an older lpes: no failed)
+            return _Runner(genome, key, scales, self._deviation(scales), order, correct, set(done),
+                           set(failed[0]) if failed else set())
         state.seen[key] = [None, len(state.seen)]
         return _Runner(genome, key, scales, self._deviation(scales), len(state.seen) - 1)
 
@@ -332,6 +342,7 @@ class GeneticSearch:
         for runner, (_, ids), verdicts in zip(batch, jobs, results):
             runner.correct += sum(verdicts)
             runner.done.update(ids)
+            runner.failed.update(i for i, ok in zip(ids, verdicts) if not ok)
             for i, ok in zip(ids, verdicts):
                 state.failures[i] += not ok
         return sum(len(ids) for _, ids in jobs)

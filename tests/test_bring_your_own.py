@@ -211,6 +211,19 @@ def test_a_wordlevel_tokenizer_without_unk_stops_every_command_at_plan_time(no_u
         f"{onnx} (TokenizersBackend) has no unknown token)")
 
 
+def test_a_tokenizer_json_transformers_cannot_read_is_one_line_at_plan_time(tmp_path, capsys):
+    folder = tiny_model_dir("llama", tmp_path)
+    data = json.loads((folder / "tokenizer.json").read_text())
+    data["model"]["type"] = "Nope"  # the tokenizers library raises a bare Exception on it
+    (folder / "tokenizer.json").write_text(json.dumps(data))
+    out = tmp_path / "out"
+    assert convert_main([str(folder), "--curve", str(three_layer_spec(tmp_path / "spec.json")), "--to", "hf",
+                         "--out", str(out)]) == 2
+    assert error_line(capsys.readouterr().err, "lpes-convert").startswith(
+        f"lpes-convert: error: cannot load the tokenizer of {folder}: data did not match any variant")
+    assert not out.exists()
+
+
 def test_a_tokenizer_that_encodes_the_task_to_nothing_is_explained(qwen2_model, tmp_path, capsys):
     spec = three_layer_spec(tmp_path / "spec.json")
     why = ("transformers built it as Qwen2Tokenizer, a BPE tokenizer, in place of the WordLevel model its "

@@ -23,7 +23,10 @@ which an export disagrees, so a disagreement can be replayed.
 
 Writes into the output folder: `validation.json` (everything), `validation.md`
 (the table and the plot, embedded in the model card) and `validation.png`
-(accuracy against gold index, one line per variant).
+(accuracy against gold index, one line per variant); a model card lpes wrote there (README.md) is
+rewritten with them, so that its text and the table it embeds agree (left alone when a run that does
+not pass keeps the earlier results). A spec searched on another model or task says so: the report's
+`searched_on`, the baselines' note, and the card name that search instead of "best on calibration".
 """
 
 from __future__ import annotations
