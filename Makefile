@@ -65,14 +65,14 @@ demo: install
 
 # make real-demo: the same pipeline on a real pretrained model, SmolLM2-135M-Instruct from the package
 # registry (converted once into ~/.cache/lpes), on its own task (lpes_task.json: 20 pairs of 6-digit
-# numbers, 24-token answers, its chat template). About an hour on two cores (README, "Real models").
+# numbers, 24-token answers, its chat template). 1-2 hours on two cores (README, "Real pretrained models").
 REAL := real-out
 real-demo: install
-	$(BIN)/lpes-search smollm2-135m --out $(REAL)/best.json --population 4 --generations 2 --scale-grid 1:4:0.5 --holdout 0 --force
-	$(BIN)/lpes-convert smollm2-135m --curve $(REAL)/best.json --to hf,onnx,genai --out $(REAL)/smollm2-135m-lpes --data kv:examples=40 --max-minutes 60 --force
+	$(BIN)/lpes-search smollm2-135m --out $(REAL)/best.json --data kv:examples=4 --population 4 --generations 2 --scale-grid 1:2.5:0.25 --holdout 0 --force
+	$(BIN)/lpes-convert smollm2-135m --curve $(REAL)/best.json --to hf,onnx,genai --out $(REAL)/smollm2-135m-lpes --data kv:examples=40 --max-minutes 0 --force
 	@echo
 	@echo "What you just saw: lpes-search scored RoPE scale curves for SmolLM2-135M-Instruct (30 layers,"
-	@echo "trained on 8,192 positions) on 40 calibration prompts of about 400 tokens, then lpes-convert baked the"
+	@echo "trained on 8,192 positions) on 20 calibration prompts of about 400 tokens, then lpes-convert baked the"
 	@echo "best into a Hub folder, an ONNX export and an onnxruntime-genai package and scored 200 held-out"
 	@echo "prompts: unscaled, best uniform scale, YaRN, dynamic NTK, the curve, and each export (README)."
 	@echo "  $(REAL)/smollm2-135m-lpes/validation.md      the table; validation.json has every generation"
