@@ -234,10 +234,12 @@ def test_dtype_reaches_the_loaded_model_and_the_spec(tmp_path, tiny_kv_model, mo
         return model
 
     monkeypatch.setattr(loading, "load_model", recording_load)
-    assert search_main(search_args(tiny_kv_model, tmp_path / "bf16.json", "--dtype", "bfloat16")) == 0
+    # The bundled model on short prompts: a random-weight one answers nothing, where a search stops (issue 28).
+    bundled = ("--data", "tiny-kv:examples=1,length=512", "--generations", "1", "--baselines", "none")
+    assert search_main(search_args("lpes-tiny-kv", tmp_path / "bf16.json", "--dtype", "bfloat16", *bundled)) == 0
     assert loaded == [torch.bfloat16]
     assert json.loads((tmp_path / "bf16.json").read_text())["provenance"]["search"]["dtype"] == "bfloat16"
-    assert search_main(search_args(tiny_kv_model, tmp_path / "auto.json", "--device", "cpu")) == 0
+    assert search_main(search_args("lpes-tiny-kv", tmp_path / "auto.json", "--device", "cpu", *bundled)) == 0
     assert loaded[1:] == [torch.float32]
     assert json.loads((tmp_path / "auto.json").read_text())["provenance"]["search"]["dtype"] == "float32"
 
