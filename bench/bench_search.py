@@ -123,7 +123,7 @@ def plain_from(run: dict, tokens_per_example: int, seconds_per_example: float) -
 def _could_reach(value: list, fitness: float, total: int) -> bool:
     if value[0] is not None:
         return value[0] >= fitness - 1e-12
-    _, _, correct, done = value
+    correct, done = value[2], value[3]  # [None, order, right answers, examples met, failed]
     return (correct + total - len(done)) / total >= fitness - 1e-12
 
 

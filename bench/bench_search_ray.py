@@ -8,11 +8,12 @@ and from both an estimate of a 7B search on 1 / 4 / 16 GPUs.
    sends: one batch of 8 per replica) scored by 1 and then 2 CPU actors, each with its share
    of the CPUs as torch threads; then by one replica in this process, for reference. Prints
    tokens/s in total and per replica, and checks every verdict agrees.
-2. Racing cost per replica count: lpes-search cuts each racing chunk into one share per
-   replica, so with N replicas a genome is scored N examples at a time at first and 8 N at
-   most; coarser chunks let hopeless genomes run longer. The search is replayed for
+2. Racing cost per replica count: with N replicas lpes-search races N genomes at once, each
+   its own chunk (one example first, doubling to a batch of 8); it used to cut one genome's
+   chunk into N shares, which let hopeless genomes run longer. The search is replayed for
    N = 1, 2, 4, 16 with verdicts memoized (each (scales, example) scored once, by the Ray
    actors), counting the tokens N replicas would compute; the curve must not change.
+   (bench/bench_search.py replays it too, at the defaults, for both optimizers.)
 3. The estimate: formulas and assumptions printed with the numbers (see bench/RESULTS.md).
 """
 
@@ -99,7 +100,7 @@ def racing_cost(pool, examples, tokenizer, options: SearchOptions, counts: list[
     rows = []
     for n in counts:
         memo.forward_tokens = 0
-        state = GeneticSearch(space, memo, replace(settings, chunk=BATCH * n, first_chunk=n)).run()
+        state = GeneticSearch(space, memo, replace(settings, chunk=BATCH, first_chunk=1, replicas=n)).run()
         best = state.parents[0]
         rows.append({"replicas": n, "tokens": memo.forward_tokens, "evaluations": state.evaluations,
                      "raced_out": state.raced_out, "fitness": best.fitness,

@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "the same genome and grid); both race exactly and resume alike (default %(default)s)")
     parser.add_argument("--population", type=int, default=DEFAULTS.population,
                         help=f"genomes per generation, 2..{MAX_POPULATION} (default: {GA_POPULATION} for ga, "
-                        "4 + floor(3 ln(2 x degree)) for cmaes, 9 at degree 3)")
+                        "6 for cmaes)")
     parser.add_argument("--generations", type=int, default=DEFAULTS.generations,
                         help=f"generations after the first, 0..{MAX_GENERATIONS}, at most (default %(default)s)")
     parser.add_argument("--patience", type=int, default=DEFAULTS.patience, metavar="K",

@@ -3,22 +3,29 @@
 The genome is the GA's (search/genome.py): the x of the interior control points on the layer
 grid and the y of every control point on the scale grid. CMA-ES (the `cmaes` package, which
 optuna's CmaEsSampler is built on) samples points of [0, 1]^n, one coordinate per gene, and
-each point is rounded to the nearest genome (interior x sorted), so the search moves on the
-grid and every candidate is a genome the GA could breed. It starts at the best uniform scale
-of the raced uniform scan, which is the first incumbent (the best so far): the curve found can
-only match or beat it on calibration.
+each point is rounded to a genome (each gene's range is cut into one equal cell per value, so
+the grid's end values, where gentle curves lie, are as likely as any; interior x sorted): the
+search moves on the grid and every candidate is a genome the GA could breed.
+
+The best uniform scale of the raced uniform scan is the first incumbent (the best so far), so
+the curve found can only match or beat it on calibration. With `ties="gentle"` CMA-ES starts at
+the unscaled genome, the gentlest curve, and searches outward (from the best uniform scale it
+settles on the first curve of the best fitness it meets, often a steep one); with `ties="first"`
+it starts at the best uniform scale.
 
 Each generation races every sample against the incumbent, the comparison racing decides
 cheaply: a sample may fail at most as many examples as keeps it ranked above the incumbent by
 the selection rule (fitness, then with `ties="gentle"` the smaller sum |log s_h|, then queue
 order), and it meets the examples in one order fixed for the generation, the hardest so far
 first. It is refuted at the example where its failures pass that allowance (its depth), or it
-is scored in full and ranks above the incumbent (an improver). CMA-ES is told a full ranking:
-the improvers by the selection rule, then the others, refuted later ranks better (ties: sampling
-order). Scoring a sample in full would only tell what racing skips, so CMA-ES gets the same
-ranking with or without racing and with any number of replicas: the search walks the same
-path and ends with the same curve. The hardness that orders the examples counts only verdicts
-every such run computes (each sample's up to its depth) and the incumbent's failures.
+is scored in full and ranks above the incumbent (an improver). Every sample meets at least the
+LOOK hardest examples. CMA-ES is told a full ranking: the improvers by the selection rule, then
+the others by their failures among the LOOK hardest, the later refuted the better, the gentler
+(with gentle ties), then sampling order. Scoring a sample in full would only tell what racing
+skips, so CMA-ES gets the same ranking with or without racing and with any number of replicas:
+the search walks the same path and ends with the same curve. The hardness that orders the
+examples counts only verdicts every such run computes (each sample's up to its depth, and the
+LOOK hardest) and the incumbent's failures.
 
 A challenger's fate depends on itself and the incumbent alone, so R replicas race R samples at
 once, each by its own chunk (one example first, doubling up to a batch): the tokens do not
@@ -32,6 +39,7 @@ from __future__ import annotations
 
 import math
 import random
+import warnings
 from dataclasses import dataclass
 
 from lpes.errors import LpesError
@@ -39,12 +47,15 @@ from lpes.search.ga import GeneticSearch, Scored, SearchState, _best, _selection
 from lpes.search.genome import Genome
 
 NAME = "cmaes"
-SIGMA = 0.25  # initial step size, in units of each gene's range: a quarter of the grid
+LOOK = 4  # every sample meets at least this many of the hardest examples: what ranks the refuted ones
+SIGMA = 0.3  # initial step size, in units of each gene's range
 
 
 def default_population(degree: int) -> int:
-    """CMA-ES's own population size for the genome's 2 * degree coordinates: 4 + floor(3 ln n)."""
-    return 4 + math.floor(3 * math.log(2 * degree))
+    """Samples per generation: 6, chosen by bench/bench_search.py (bench/RESULTS.md). CMA-ES's own
+    4 + floor(3 ln n) is 9 for the 6 genes of a cubic curve; 9 cost 7x fewer tokens than the plain GA
+    on lpes-tiny-induction, 6 cost 10x, at the same held-out accuracy on both bundled models."""
+    return 6
 
 
 def _cmaes():
@@ -78,10 +89,15 @@ class CMASearch(GeneticSearch):
     def _new_optimizer(self, state: SearchState):
         import numpy as np
 
-        start = self._encode(self.space.uniform(state.uniform["scale"]))
+        # Gentle ties want the curve nearest the model's own RoPE: start there and search outward.
+        # Eq. 7 alone ("first"): start at the best uniform scale.
+        start = self._encode(self.space.identity() if self.settings.ties == "gentle"
+                             else self.space.uniform(state.uniform["scale"]))
         bounds = np.array([[0.0, 1.0]] * len(start))
-        return _cmaes().CMA(mean=np.array(start), sigma=SIGMA, bounds=bounds, seed=self.settings.seed % 2**32,
-                            population_size=self.settings.population)
+        with warnings.catch_warnings():  # population 2: the rank-mu rate is 0, and cmaes divides by it on
+            warnings.simplefilter("ignore", RuntimeWarning)  # the way to a bound it then does not use
+            return _cmaes().CMA(mean=np.array(start), sigma=SIGMA, bounds=bounds,
+                                seed=self.settings.seed % 2**32, population_size=self.settings.population)
 
     def _replay(self, state: SearchState):
         """CMA-ES as it was after the generations in `state`: the same samples, told the same ranks."""
@@ -109,15 +125,26 @@ class CMASearch(GeneticSearch):
         label = self._label(generation, "first population") if generation == 0 else self._label(generation)
         self._race_incumbent(list(runners.values()), order, state, label)
         improvers = sorted((r for r in runners.values() if r.depth is None), key=lambda r: r.rank(self._total))
-        # The told order: the improvers by the selection rule, then the rest, the later refuted the better.
+        # The told order: the improvers by the selection rule, then the rest, the later refuted the better,
+        # then the gentler (with ties="gentle"), then sampling order.
         place = {r.key: p for p, r in enumerate(improvers)}
-        told = [float(place[k]) if k in place else float(len(samples) + len(order) - runners[k].depth)
-                for k in keys]
+
+        look = order[:LOOK]
+
+        def standing(j: int) -> tuple:
+            runner = runners[keys[j]]
+            if runner.key in place:
+                return (0, place[runner.key], j)
+            return (1, sum(i in runner.failed for i in look), -runner.depth, round(runner.deviation, 9), j)
+
+        told = [0.0] * len(samples)
+        for position, j in enumerate(sorted(range(len(samples)), key=standing)):
+            told[j] = float(position)
         optimizer.tell(list(zip(samples, told)))
         state.optimizer["told"].append(told)
         hard = state.optimizer.setdefault("hard", [0] * self._total)
         for runner in runners.values():  # what racing always computes: each one's verdicts up to its depth
-            for i in order[:runner.depth if runner.depth is not None else len(order)]:
+            for i in order[:len(order) if runner.depth is None else max(runner.depth, LOOK)]:
                 hard[i] += i in runner.failed
         scored = [Scored(r.genome, r.correct / self._total, r.order, r.deviation) for r in improvers if r.fresh]
         before = state.parents[0]
@@ -197,6 +224,8 @@ class CMASearch(GeneticSearch):
     def _settle(self, runner: _Challenger, order: list[int]) -> bool:
         """Whether `runner` is decided: refuted at `depth` (its failures along `order` passed the allowance
         there) or an improver (every example met, no more failures than allowed)."""
+        if any(i not in runner.done for i in order[:LOOK]):
+            return False  # every sample meets the hardest LOOK examples: they rank the refuted ones
         failures = 0
         for depth, i in enumerate(order, 1):
             if runner.allowed < 0:
@@ -225,20 +254,21 @@ class CMASearch(GeneticSearch):
             state.seen[runner.key] = [None, runner.order, runner.correct, sorted(runner.done), sorted(runner.failed)]
 
     def _encode(self, genome: Genome) -> list[float]:
-        layers, values = self.space.num_layers - 1, len(self.space.grid.values) - 1
-        return ([x / layers if layers else 0.0 for x in genome.interior_x]
-                + [y / values if values else 0.0 for y in genome.y_index])
+        """A genome as the point at the centre of its cell: each gene's range cut into one equal cell per value."""
+        layers, values = self.space.num_layers, len(self.space.grid.values)
+        return [(x + 0.5) / layers for x in genome.interior_x] + [(y + 0.5) / values for y in genome.y_index]
 
     def _decode(self, point) -> Genome:
-        layers, values = self.space.num_layers - 1, len(self.space.grid.values) - 1
+        """The genome whose cells hold `point` (interior x sorted): every grid value, the ends too, is as likely."""
+        layers, values = self.space.num_layers, len(self.space.grid.values)
         inner = self.space.degree - 1
-        xs = tuple(sorted(_nearest(float(u), layers) for u in point[:inner]))
-        return Genome(xs, tuple(_nearest(float(u), values) for u in point[inner:]))
+        xs = tuple(sorted(_cell(float(u), layers) for u in point[:inner]))
+        return Genome(xs, tuple(_cell(float(u), values) for u in point[inner:]))
 
 
-def _nearest(unit: float, top: int) -> int:
-    """The grid index nearest `unit` * top, within 0..top (halves round up, the same on every machine)."""
-    return min(top, max(0, math.floor(unit * top + 0.5)))
+def _cell(unit: float, count: int) -> int:
+    """Which of `count` equal cells of [0, 1] holds `unit` (the same on every machine)."""
+    return min(count - 1, max(0, math.floor(unit * count)))
 
 
 @dataclass

@@ -258,14 +258,22 @@ class GeneticSearch:
 
     def _race_runners(self, runners: list[_Runner], state: SearchState, parents: list[Scored], keep: int,
                       scored: list[Scored], progress: StepProgress, counts: dict[str, int] | None = None) -> None:
-        # With R replicas the R runners of highest best possible rank advance at once, each by its own
-        # chunk on its own replica: the chunks do not grow with R, so neither do the tokens racing spends.
+        # With R replicas the runners of highest best possible rank advance at once, each by its own chunk
+        # (the chunks do not grow with R): as many as it takes to give every replica an example, and no
+        # more than `keep` (one that completes can push the others out of the `keep` places). Racing one
+        # runner at a time is the same with R = 1; more runners at once spend slightly more tokens.
+        at_once = max(1, min(self.settings.replicas, keep))
         while runners:
             if self.settings.racing:
                 runners = self._drop_hopeless(runners, parents + scored, keep, state, progress, counts)
                 if not runners:
                     break
-                batch = sorted(runners, key=lambda r: r.best_rank(self._total))[:max(1, self.settings.replicas)]
+                batch, examples = [], 0
+                for runner in sorted(runners, key=lambda r: r.best_rank(self._total))[:at_once]:
+                    batch.append(runner)
+                    examples += min(self._chunk_size(runner), self._total - len(runner.done))
+                    if examples >= self.settings.replicas:
+                        break
             else:
                 batch = runners[:1]
             progress.computed(self._score_chunks(batch, state))

@@ -118,6 +118,53 @@ def test_fitness_one_with_ties_first_ends_the_search_at_once():
     assert state.generation == max(reached, 1)
 
 
+def test_the_progress_line_says_the_patience_and_why_the_search_stopped(tmp_path, capsys):
+    out = tmp_path / "best.json"
+    assert search_main(["lpes-tiny-kv", "--out", str(out), "--data", "tiny-kv:examples=1,length=512",
+                        "--scale-grid", "1:4:1", "--population", "4", "--generations", "8", "--patience", "1",
+                        "--holdout", "2", "--baselines", "none"]) == 0
+    log = [line for line in capsys.readouterr().err.splitlines()
+           if line.startswith(("generation", "lpes-search: stop"))]
+    assert all("/1 generations; replicas busy" in line or line.endswith("(--patience 1)") for line in log), log
+    assert "best unchanged 1/1 generations" in log[-2]
+    assert log[-1].startswith("lpes-search: stopping after generation ")
+    assert log[-1].endswith(": no better curve for 1 generations (--patience 1)")
+    found = json.loads(out.read_text())["provenance"]["search"]
+    assert found["stop_reason"] == "no better curve for 1 generations (--patience 1)"
+    assert found["generations_run"] < 8 and found["optimizer"] == "cmaes" and found["population"] == 4
+
+
+def test_a_checkpoint_of_another_optimizer_is_not_resumed():
+    state, _ = run(True, generations=1, population=6)
+    with pytest.raises(Exception, match="checkpoint is from ga, not cmaes"):
+        CMASearch(SPACE, ThresholdTask(), GASettings(population=6, generations=2, parents=3)).run(state)
+
+
+def test_several_candidates_are_scored_at_once_one_per_replica():
+    """ModelEvaluator.correct_many: one job per replica; a job is halved while replicas are left idle."""
+    from lpes.search.fitness import ModelEvaluator
+    from lpes.search.replicas import ShareResult
+
+    class Pool:
+        size = 4
+
+        def __init__(self):
+            self.calls = []
+
+        def score_many(self, jobs):
+            self.calls.append(jobs)
+            return [ShareResult(slot, tuple(ids), tuple(i % 2 == 0 for i in ids), 10 * len(ids), 0.0)
+                    for slot, (_, ids) in enumerate(jobs)]
+
+    pool = Pool()
+    evaluator = ModelEvaluator(pool, 16)
+    verdicts = evaluator.correct_many([((1.0,), [0, 1, 2, 3]), ((2.0,), [5])])
+    assert verdicts == [[True, False, True, False], [False]]
+    assert pool.calls[0] == [((1.0,), [0]), ((1.0,), [2]), ((1.0,), [1, 3]), ((2.0,), [5])]
+    evaluator.correct_many([((float(k),), [k]) for k in range(6)])  # more jobs than replicas: two rounds
+    assert [len(call) for call in pool.calls[1:]] == [4, 2] and evaluator.forward_tokens == 110
+
+
 @pytest.mark.parametrize("racing", [False, True])
 def test_no_scale_vector_is_scored_twice_on_an_example(racing):
     _, task = run(racing)
