@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     """lpes-search's flags (also used by the tests of every --help example)."""
     parser = ArgumentParser(
         prog="lpes-search",
-        description="Find the per-layer RoPE scale curve (LPES) for MODEL with a genetic search.",
+        description="Find the per-layer RoPE scale curve (LPES) for MODEL: CMA-ES (default) or the papers' GA.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
