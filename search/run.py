@@ -229,6 +229,7 @@ def _search(model: str, out: Path, options: SearchOptions, force: bool, progress
                      model_label(str(model)))
     holdout = _held_out_examples(held_out_data, options.holdout)
     lengths = _lengths(tokenizer, examples)
+    _check_scheme_reaches(config, rope, grid, max(n for _, n in lengths))
     dtype = resolve_dtype(options)
     checkpoint = out.with_name(out.name + ".state.json")
     started = time.time()
@@ -242,7 +243,8 @@ def _search(model: str, out: Path, options: SearchOptions, force: bool, progress
     # batch; with several replicas as many genomes race at once, one chunk each, so chunks do not grow with them.
     settings = replace(settings, chunk=options.batch_size, first_chunk=1, replicas=pool.size)
     evaluator = ModelEvaluator(pool, len(examples), rope)
-    reporter = _Reporter(progress, UsageMeter(evaluator.usage), lambda: evaluator.forward_tokens, options.patience)
+    reporter = _Reporter(progress, UsageMeter(evaluator.usage), lambda: evaluator.forward_tokens, options.patience,
+                         options.generations)
 
     def after_generation(state: SearchState) -> None:
         write_text_atomic(checkpoint, json.dumps({"settings_key": key, "state": state.to_json()}))
@@ -335,6 +337,17 @@ def _stock_baselines(config, options: SearchOptions, evaluator: ModelEvaluator, 
     if results:
         print(f"lpes-search: {describe(results)}", file=sys.stderr)
     return results, skipped
+
+
+def _check_scheme_reaches(config, rope: RopeScheme, grid: ScaleGrid, longest: int) -> None:
+    """Refuse a per-layer search in which every curve is the unscaled model (dynamic NTK within the trained
+    length): it would spend its whole budget to write the model's own RoPE."""
+    trained = getattr(config, "max_position_embeddings", None)
+    if rope.linear or not all(StockRope(rope.rope_type, f).same_as_unscaled(longest, trained) for f in grid.values):
+        return
+    raise LpesError(f"--rope-type {rope.rope_type}: every calibration example is within the {trained} positions "
+                    f"the model was trained for (the longest reaches {longest}), where {rope.rope_type} RoPE at any "
+                    "factor is the unscaled model; calibrate on longer --data, or use --rope-type linear or yarn")
 
 
 def _lengths(tokenizer, examples: list) -> list[tuple[int, int]]:
@@ -471,9 +484,20 @@ def _write_outputs(spec: Spec, state: SearchState, out: Path) -> None:
 class _Reporter:
     """A progress line inside every step (search/progress.py) and a log line per generation."""
 
-    def __init__(self, enabled: bool, usage: UsageMeter, tokens, patience: int = 0):
+    def __init__(self, enabled: bool, usage: UsageMeter, tokens, patience: int = 0, generations: int = 0):
         self.enabled, self.usage, self.tokens = enabled, usage, tokens
-        self.patience = patience
+        self.patience, self.generations = patience, generations
+        self.ended: list[float] = [time.monotonic()]  # when each generation logged (the first: the start)
+
+    def rest(self, generation: int) -> str:
+        """What the generations left cost at most, at the mean time of those after generation 0 (which also
+        holds the uniform scan): patience may stop the search sooner."""
+        left = self.generations - generation
+        if left <= 0 or len(self.ended) < 3:
+            return ""
+        per = (self.ended[-1] - self.ended[1]) / (len(self.ended) - 2)
+        minutes, seconds = divmod(round(left * per), 60)
+        return f"; {left} generations left, ETA <= {minutes // 60}:{minutes % 60:02d}:{seconds:02d}"
 
     def step(self, label: str, candidates: int, verdicts: int) -> StepProgress:
         return StepProgress(label, candidates, verdicts, self.tokens, self.enabled)
@@ -483,6 +507,7 @@ class _Reporter:
 
         last = state.history[-1]
         busy, rate = self.usage.step()
+        self.ended.append(time.monotonic())
         if self.enabled:
             mean = "n/a" if last["mean_scored"] is None else f"{last['mean_scored']:.3f}"
             tqdm.write(f"generation {last['generation']}: best {last['best']:.3f}, mean {mean} over "
@@ -490,7 +515,8 @@ class _Reporter:
                        f"{last['duplicates_skipped']} duplicates skipped, {last['forward_tokens']} tokens"
                        + (f", best unchanged {state.unchanged}/{self.patience} generations" if self.patience else "")
                        + f"; replicas busy {' '.join(f'{b:.0%}' for b in busy)}, "
-                       f"tokens/s {' '.join(f'{r:.0f}' for r in rate)}", file=sys.stderr)
+                       f"tokens/s {' '.join(f'{r:.0f}' for r in rate)}"
+                       + ("" if state.stop_reason else self.rest(last["generation"])), file=sys.stderr)
             if state.stop_reason:
                 tqdm.write(f"lpes-search: stopping after generation {state.generation}: {state.stop_reason}",
                            file=sys.stderr)

@@ -77,3 +77,19 @@ def test_the_eta_is_an_upper_bound_at_the_rate_so_far(monkeypatch):
     step.skipped(50)  # a candidate raced out with 50 examples left
     step.finished(raced_out=True)
     assert step.postfix() == "candidates 1/3, 1 raced out, 500 tok/s, ETA <= 0:40"  # 200 left at 5 verdicts/s
+
+
+def test_the_generation_line_says_what_the_generations_left_cost_at_most(monkeypatch):
+    """After generation 1: generations left x the mean time of the generations after 0 (0 holds the uniform scan)."""
+    from lpes.search import run as run_module
+
+    now = [0.0]
+    monkeypatch.setattr(run_module.time, "monotonic", lambda: now[0])
+    reporter = run_module._Reporter(False, usage=None, tokens=lambda: 0, generations=20)
+    for generation, at in enumerate([100.0, 130.0, 170.0]):  # generation 0 ends at 100 s, then 30 s and 40 s
+        now[0] = at
+        reporter.ended.append(now[0])
+        if generation == 0:
+            assert reporter.rest(generation) == ""  # no generation after 0 timed yet
+    assert reporter.rest(2) == "; 18 generations left, ETA <= 0:10:30"  # 18 x 35 s
+    assert reporter.rest(20) == ""

@@ -335,3 +335,15 @@ def test_search_on_benchmark_records_never_holds_out_a_calibration_record(tmp_pa
     cap = [line for line in capsys.readouterr().err.splitlines() if "--holdout" in line]
     assert cap == ["lpes-search: --holdout 100: the held-out data holds 12 examples (6 per gold index x 2); "
                    "using 12"]
+
+
+def test_a_dynamic_search_within_the_trained_length_is_refused_before_any_scoring(tmp_path, capsys):
+    """Dynamic NTK is plain RoPE within max_position_embeddings (256 here): every curve would be the unscaled model."""
+    out = tmp_path / "best.json"
+    args = ["lpes-tiny-kv", "--out", str(out), "--rope-type", "dynamic", "--scale-grid", "1:4:1", "--population", "2",
+            "--generations", "0", "--holdout", "0", "--baselines", "none"]
+    assert search_main([*args, "--data", "tiny-kv:examples=1,length=128"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "every calibration example is within the 256 positions" in err[0], err
+    assert not out.exists() and "Traceback" not in "".join(err)
+    assert search_main([*args, "--data", "tiny-kv:examples=1,length=512"]) == 0  # beyond 256 it searches
