@@ -54,7 +54,7 @@ SIGMA = 0.3  # initial step size, in units of each gene's range
 def default_population(degree: int) -> int:
     """Samples per generation: 6, chosen by bench/bench_search.py (bench/RESULTS.md). CMA-ES's own
     4 + floor(3 ln n) is 9 for the 6 genes of a cubic curve; 9 cost 7x fewer tokens than the plain GA
-    on lpes-tiny-induction, 6 cost 10x, at the same held-out accuracy on both bundled models."""
+    on lpes-tiny-induction, 6 cost 11x, at the same held-out accuracy on both bundled models."""
     return 6
 
 
