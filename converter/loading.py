@@ -460,36 +460,6 @@ def load_tokenizer(path: Path):
         raise LpesError(f"cannot load the tokenizer of {path}: {first[:200]}") from None
 
 
-def check_device(name: str | None) -> str:
-    """A torch device this machine has (default: cuda when there is one, else cpu); LpesError otherwise."""
-    if name is None:
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        device = torch.device(name)
-    except (RuntimeError, ValueError):
-        raise LpesError(f"--device {name!r} is not a torch device (cpu, cuda, cuda:1, mps ...)") from None
-    if device.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0:
-            raise LpesError(f"--device {name}: this machine has no CUDA GPU (or torch is a CPU build)")
-        if device.index is not None and device.index >= count:
-            raise LpesError(f"--device {name}: this machine has {count} CUDA GPU(s), cuda:0..cuda:{count - 1}")
-    elif device.type == "mps" and not torch.backends.mps.is_available():
-        raise LpesError(f"--device {name}: MPS is not available here")
-    elif device.type not in ("cpu", "cuda", "mps"):
-        raise LpesError(f"--device {name}: lpes runs on cpu, cuda or mps, not {device.type}")
-    return str(device)
-
-
-def default_dtype(device: str) -> str:
-    """float32 on a CPU (half-precision matmuls there are slow and inexact); bfloat16 on a GPU that has it."""
-    if torch.device(device).type == "cpu":
-        return "float32"
-    if torch.device(device).type == "cuda" and not torch.cuda.is_bf16_supported():
-        return "float16"
-    return "bfloat16"
-
-
 def parameter_count(model_path: Path) -> int:
     """Parameters of the safetensors weights, from their headers alone (no tensor is read)."""
     from safetensors import safe_open

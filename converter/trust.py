@@ -31,9 +31,9 @@ def check_hub_code(folder: Path) -> None:
     Call it before any `from_pretrained(folder, trust_remote_code=True)`. A folder with
     neither modeling_lpes.py nor auto_map loads without custom code and passes.
     """
-    import lpes
     from lpes.converter import lpes_rope
     from lpes.converter.loading import check_weights
+    from lpes.version import __version__
 
     folder = Path(folder)
     entries = _auto_map_entries(folder)
@@ -45,7 +45,7 @@ def check_hub_code(folder: Path) -> None:
                             "refusing to load the folder")
     config = _read_json(folder / "config.json")
     expected = {
-        MODELING: _expected_modeling(folder, config, lpes.__version__),
+        MODELING: _expected_modeling(folder, config, __version__),
         ROPE: Path(lpes_rope.__file__).read_bytes(),
     }
     for name, data in expected.items():
@@ -53,8 +53,8 @@ def check_hub_code(folder: Path) -> None:
         if not path.is_file():
             raise LpesError(f"{folder} has no {name}; it is not a folder lpes-convert wrote")
         if data is None or path.read_bytes() != data:
-            raise LpesError(f"{path} differs from the {name} that lpes {lpes.__version__} writes for this config"
-                            f"{_written_by(path, lpes.__version__)}; refusing to run it (convert the model again)")
+            raise LpesError(f"{path} differs from the {name} that lpes {__version__} writes for this config"
+                            f"{_written_by(path, __version__)}; refusing to run it (convert the model again)")
     for path in sorted(folder.rglob("*.py")):
         if path.parent != folder or path.name not in expected:
             raise LpesError(f"{path} is Python code that lpes did not write; refusing to load {folder} "

@@ -56,7 +56,8 @@ from lpes.converter import lpes_rope
 from lpes.converter.architectures import ARCHITECTURES, GenaiSupport, architecture_for
 from lpes.converter.loading import load_config
 from lpes.errors import LpesError
-from lpes.spec import Spec, dump_spec, write_text_atomic
+from lpes.files import write_text_atomic
+from lpes.spec import Spec, dump_spec
 
 SPEC_FILE = "lpes_spec.json"
 SIDECAR_FILE = "lpes_genai.json"  # precision and provider the package was built for

@@ -20,11 +20,11 @@ class HubFolder(Target):
     help = "the Hub folder (a stock RoPE config where one scale per rotary is exact, else LPES code)"
 
     def write(self, folder: Path) -> Written:
-        import lpes
         from lpes.converter.hf_folder import write_hf_folder
+        from lpes.version import __version__
 
         job: ExportJob = self.job
-        written = write_hf_folder(job.model_path, job.spec, folder, job.model_name, lpes.__version__,
+        written = write_hf_folder(job.model_path, job.spec, folder, job.model_name, __version__,
                                   model_card=False)
         return Written(reports=[f"Hub folder: {written.note}"])
 

@@ -72,7 +72,7 @@ class OnnxExport(Target):
     def _check_memory(self) -> None:
         """Refuse now an export that would run out of memory later (it holds the weights in --dtype)."""
         from lpes.converter.loading import DTYPES, available_memory, parameter_count
-        from lpes.validation.checks import format_bytes
+        from lpes.devices import format_bytes
 
         share = EXPORT_PEAK_PER_WEIGHT_BYTE if self.job.validate else 1.2
         needed = share * parameter_count(self.job.model_path) * DTYPES[self.job.dtype].itemsize

@@ -6,15 +6,9 @@
     lpes.convert("lpes-tiny-kv", spec, "out", targets=["hf", "onnx"])
 """
 
-from importlib.metadata import PackageNotFoundError, version
-
 from lpes.errors import LpesError
 from lpes.spec import Curve, RopeScheme, Spec, dump_spec, load_spec
-
-try:
-    __version__ = version("lpes")
-except PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0.0.0"
+from lpes.version import __version__
 
 
 def apply(model, spec: Spec):

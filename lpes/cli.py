@@ -9,13 +9,10 @@ validated": a check was skipped, e.g. key-value scoring over the time budget).
 from __future__ import annotations
 
 import argparse
-import errno
-import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
-from lpes.errors import ArgumentParser, LpesError
+from lpes.errors import ArgumentParser, LpesError, run_command
 
 # Exit status per verdict (validation.report): a check that did not run is not a pass.
 EXIT_STATUS = {"passed": 0, "failed": 1, "not validated": 3}
@@ -88,61 +85,6 @@ must know every word of the prompt. The bundled model's words
 q{key} the query; the answer is a{value}, here a1 (the value of key 3). That model has
 no end-of-sequence token, so without --max-new-tokens 1 it writes on past the answer.
 """
-
-
-# OS errors the user's machine causes (full disk, file size limit, permissions, a bad path):
-# one line and exit 2 like any user error, with what to look at.
-USER_OS_ERRORS = {
-    errno.ENOSPC: "the disk is full",
-    errno.EDQUOT: "the disk quota is used up",
-    errno.EFBIG: "a file size limit (ulimit -f) or the filesystem's",
-    errno.EACCES: "check the permissions",
-    errno.EPERM: "check the permissions",
-    errno.EROFS: "the filesystem is read-only",
-    errno.ENAMETOOLONG: "shorten the path",
-    errno.ENOTDIR: "a part of the path is a file",
-    errno.EISDIR: "a folder where a file was expected",
-    errno.ELOOP: "too many symbolic links",
-}
-
-
-def run_command(prog: str, main: Callable[[list[str] | None], int], argv: list[str] | None) -> int:
-    """Run a command's `main(argv)` the way every lpes command ends: user errors as one line and exit 2.
-
-    SIGINT and SIGTERM end it with exit 130 and nothing written (lpes/interrupts.py); staging
-    folders that killed runs left anywhere are reported first (lpes/outputs.py).
-    """
-    from lpes.interrupts import handling_interrupts
-
-    with handling_interrupts():
-        return _run(prog, main, argv)
-
-
-def _run(prog: str, main: Callable[[list[str] | None], int], argv: list[str] | None) -> int:
-    from lpes.interrupts import check_interrupted
-    from lpes.outputs import report_stale_staging
-
-    try:
-        report_stale_staging(prog)
-        code = main(argv)
-        check_interrupted()  # a signal Python dropped (in a callback) still ends the run as interrupted
-        return code
-    except LpesError as err:
-        print(f"{prog}: error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted; nothing was left half-written", file=sys.stderr)
-        return 130
-    except OSError as err:
-        if err.errno not in USER_OS_ERRORS:
-            raise
-        # A copy that fills the disk reports its source as filename and its destination as filename2.
-        full = err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-        target = err.filename2 if full and err.filename2 else err.filename
-        where = f": {target}" if target else ""
-        print(f"{prog}: error: {err.strerror or os.strerror(err.errno)}{where} ({USER_OS_ERRORS[err.errno]})",
-              file=sys.stderr)
-        return 2
 
 
 def _convert_parser() -> argparse.ArgumentParser:
@@ -246,15 +188,9 @@ def _validate_parser() -> argparse.ArgumentParser:
 
 
 def _validate(argv: list[str] | None) -> int:
-    from lpes.converter.loading import (
-        DEFAULT_MODEL,
-        check_device,
-        default_dtype,
-        load_config,
-        resolve_model,
-        searched_elsewhere,
-    )
+    from lpes.converter.loading import DEFAULT_MODEL, load_config, resolve_model, searched_elsewhere
     from lpes.converter.trust import check_hub_code, check_received_folder
+    from lpes.devices import check_device, default_dtype
     from lpes.search.run import check_answer_tokens
     from lpes.validation.report import find_spec, resolve_task, validate
 

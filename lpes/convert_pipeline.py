@@ -139,12 +139,12 @@ def _warn_if_made_for_another_model(spec: Spec, config, model_path: Path, model_
 
 def _with_provenance(spec: Spec, config, model_path: Path, model_name: str) -> Spec:
     """The spec as the output holds it: `model` stays the model it was searched on (this one if it says none)."""
-    import lpes
+    from lpes.version import __version__
 
     provenance = dict(spec.provenance)
     provenance.setdefault("model", model_fingerprint(config, model_path, model_name))
     provenance["base_model"] = model_label(model_name)
-    provenance["lpes_version"] = lpes.__version__
+    provenance["lpes_version"] = __version__
     return replace(spec, provenance=provenance)
 
 

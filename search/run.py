@@ -16,13 +16,14 @@ from itertools import zip_longest
 from pathlib import Path
 
 from lpes.errors import LpesError
+from lpes.files import write_text_atomic
 from lpes.search.baselines import BaselineResult, describe, parse_baselines, scan_stock_baselines
 from lpes.search.fitness import METHODS, ModelEvaluator, UsageMeter
 from lpes.search.ga import GASettings, GeneticSearch, SearchState
 from lpes.search.genome import ScaleGrid, SearchSpace
 from lpes.search.progress import StepProgress
 from lpes.search.replicas import ReplicaPool, check_replica_options, open_pool
-from lpes.spec import ROPE_SCHEMES, RopeScheme, SearchTask, Spec, StockRope, dump_spec, write_text_atomic
+from lpes.spec import ROPE_SCHEMES, RopeScheme, SearchTask, Spec, StockRope, dump_spec
 
 TIES = ("gentle", "first")
 OPTIMIZERS = ("ga", "cmaes")  # the papers' genetic algorithm; CMA-ES (search/cma.py)
@@ -55,7 +56,7 @@ class SearchOptions:
     holdout: int = 100  # held-out examples for accuracy before/after (the paper held out 500)
     device: str | None = None
     # auto: float32 on a CPU (half-precision matmuls there are slow and inexact), bfloat16 on a GPU
-    # that has it, else float16 (converter.loading.default_dtype); provenance records the one used.
+    # that has it, else float16 (lpes.devices.default_dtype); provenance records the one used.
     dtype: str = "auto"
     method: str = "teacher-forced"
     # At equal fitness prefer the gentler curve: on the bundled model +4 points held out, at 2.4x the
@@ -152,7 +153,7 @@ def _check_range(flag: str, value: int, low: int, high: int) -> None:
 
 def _check_devices(requested: str | None) -> None:
     """Every device asked for exists on this machine (cuda on a CPU-only machine fails here, not after loading)."""
-    from lpes.converter.loading import check_device
+    from lpes.devices import check_device
 
     for name in (requested or "").split(","):
         if name.strip():
@@ -161,8 +162,7 @@ def _check_devices(requested: str | None) -> None:
 
 def resolve_dtype(options: SearchOptions) -> str:
     """The dtype the replicas load: --dtype, or for auto what suits the devices they run on."""
-    from lpes.converter.loading import default_dtype
-    from lpes.search.replicas import requested_devices
+    from lpes.devices import default_dtype, requested_devices
 
     if options.dtype != "auto":
         return options.dtype

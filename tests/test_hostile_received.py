@@ -652,7 +652,7 @@ def test_a_full_disk_names_the_destination(capsys):
     """A copy that fills the disk reports its source as filename and its destination as filename2."""
     import errno
 
-    from lpes.cli import run_command
+    from lpes.errors import run_command
 
     def main(argv):
         raise OSError(errno.ENOSPC, "No space left on device", "/model/model.safetensors", None,

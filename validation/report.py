@@ -41,9 +41,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lpes import plots
+from lpes.devices import check_device, format_bytes
 from lpes.errors import LpesError
 from lpes.exporters.targets import RunContext, RunnerUnavailable, registry
-from lpes.spec import LINEAR_ROPE, Spec, StockRope, load_spec, write_text_atomic
+from lpes.files import write_text_atomic
+from lpes.spec import LINEAR_ROPE, Spec, StockRope, load_spec
 from lpes.validation import checks, scoring
 from lpes.validation.examples import Example
 
@@ -691,8 +693,8 @@ def _plan_kv(model_path: Path, config, examples, task: ResolvedTask | None, dtyp
     needed = parameter_count(model_path) * DTYPES[dtype].itemsize
     available = available_memory()
     if available is not None and needed > checks.MEMORY_SHARE * available:
-        return KvPlan(f"the weights take {checks.format_bytes(needed)} in {dtype}; this machine has "
-                      f"{checks.format_bytes(available)} available")
+        return KvPlan(f"the weights take {format_bytes(needed)} in {dtype}; this machine has "
+                      f"{format_bytes(available)} available")
     tokenizer = load_tokenizer(model_path)
     if examples is None:
         from lpes.validation.tasks import examples_for
@@ -759,13 +761,14 @@ def _score_all(model_path, spec, kv_plan: KvPlan, planned: list[PlannedVariant],
 
     Returns (results, estimate text, why skipped or None).
     """
+    import torch
     from tqdm.auto import tqdm
 
     from lpes.converter.loading import load_model
     from lpes.converter.reference import apply, use_stock_rope
 
     tokenizer, examples = kv_plan.tokenizer, kv_plan.examples
-    where = _device(device)
+    where = torch.device(check_device(device))
     model = load_model(Path(model_path), reference_dtype).to(where)
     eos = scoring.eos_token_ids(model, tokenizer) or None  # the exports' runners get the same stop tokens
     scored = [v for v in planned if v.same_as is None and v.skipped is None]
@@ -872,12 +875,6 @@ def find_spec(out_dir: Path) -> Spec:
         if candidate.is_file():
             return load_spec(candidate)
     raise LpesError(f"no lpes_spec.json in {out_dir} (nor in its onnx/); is it an lpes-convert output folder?")
-
-
-def _device(device: str | None):
-    import torch
-
-    return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
 # ---- files ----

@@ -33,13 +33,13 @@ from __future__ import annotations
 import difflib
 import importlib
 import json
-import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from lpes.devices import format_bytes
 from lpes.errors import LpesError
 from lpes.validation import kv_data
 from lpes.validation.examples import Example
@@ -55,7 +55,7 @@ MAX_LENGTH = 1 << 20  # positions per prompt of a bundled model's task
 MAX_PROMPT_BYTES = 1 << 30  # all prompts together, estimated from the description
 _KV_BYTES_PER_PAIR = 82  # '"<uuid>": "<uuid>",\n ' as kv_data formats it
 _TINY_BYTES_PER_POSITION = 5  # 'f12 ', 'p40_1 ' ...
-LIST_SEPARATORS = "+|"  # '+' needs no quoting; '|' for descriptions written before
+LIST_SEPARATOR = "+"  # joins a list field's values (gold=0+24+49+74): needs no quoting in a shell
 
 
 @dataclass(frozen=True)
@@ -270,7 +270,7 @@ def _parse_value(name: str, value: str) -> Any:
             raise LpesError(f"--data: 'file' {value!r} not found")
         return value
     if name == "gold":
-        return tuple(_parse_int(name, v) for v in re.split(f"[{re.escape(LIST_SEPARATORS)}]", value))
+        return tuple(_parse_int(name, v) for v in value.split(LIST_SEPARATOR))
     if name == "keys":
         return value
     return _parse_int(name, value)
@@ -382,7 +382,7 @@ def _check_total_size(config: TaskConfig, num_gold: int, where: str) -> None:
     total = per_prompt * config.examples_per_index * num_gold
     if total > MAX_PROMPT_BYTES:
         raise LpesError(f"{where}: {config.examples_per_index} examples x {num_gold} gold indices of this size make "
-                        f"about {total / 2**30:.1f} GiB of prompts (at most {MAX_PROMPT_BYTES >> 30} GiB); "
+                        f"about {format_bytes(total)} of prompts (at most {format_bytes(MAX_PROMPT_BYTES)}); "
                         "ask for fewer examples, pairs or positions")
 
 
