@@ -87,7 +87,7 @@ and the tensorrt Python package installed, which also writes the sidecar `{SIDEC
 
 Then generate with the engine and its KV cache:
 
-    from lpes.validation.trt_runner import TrtCausalLM
+    from lpes.exporters.tensorrt_runner import TrtCausalLM
     TrtCausalLM(".").greedy([[1, 2, 3]], max_new_tokens=16)
 """
 

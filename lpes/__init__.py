@@ -22,8 +22,9 @@ def apply(model, spec: Spec):
     return apply_reference(model, spec)
 
 
-def convert(model: str, spec: Spec | str, out: str, targets=("hf",), **options):
-    """Python form of `lpes-convert`; see lpes.convert_pipeline.convert for the options."""
+def convert(model: str, spec: Spec | str, out: str, targets=None, **options):
+    """Python form of `lpes-convert` (`targets` None: its default, the Hub folder); see
+    lpes.convert_pipeline.convert for the options."""
     from lpes.convert_pipeline import convert as run
 
     return run(model, spec, out, targets=targets, **options)

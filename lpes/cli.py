@@ -26,12 +26,7 @@ examples:
 MODEL is a bundled short name (lpes-tiny-kv), a local Hugging Face folder, or a Hub id
 (downloaded when online). The spec (--curve) holds per-layer scales or a Bezier curve
 (see README, "The spec file"). Targets go into one folder:
-  OUT/           hf: the Hub folder (load with trust_remote_code=True)
-  OUT/onnx/      onnx: model.onnx with KV cache, checked against the PyTorch reference
-  OUT/tensorrt/  tensorrt, experimental: never built here (no machine of this project has
-                 TensorRT): engine built from OUT/onnx on an NVIDIA GPU with tensorrt, else
-                 OUT/tensorrt/trtexec.sh to build it there, and exit 2
-  OUT/genai/     genai: onnxruntime-genai package with per-layer RoPE caches
+{targets}
 Unless --no-validate, the folder is then validated as lpes-validate does (see its --help):
 the task the curve was searched on (recorded in the spec: --data, chat template, answer
 budget; each flag given here replaces its part, and says so), else the model's own task,
@@ -88,18 +83,19 @@ no end-of-sequence token, so without --max-new-tokens 1 it writes on past the an
 
 
 def _convert_parser() -> argparse.ArgumentParser:
-    from lpes.exporters.targets import add_target_arguments, registry
+    from lpes.exporters.targets import add_target_arguments, default_targets, registry
 
     parser = ArgumentParser(
         prog="lpes-convert",
         description="Bake an LPES spec into a model: Hub folder, ONNX, onnxruntime-genai, or TensorRT "
         "(experimental: never built here).",
-        epilog=EXAMPLES_CONVERT,
+        epilog=EXAMPLES_CONVERT.format(targets="\n".join(cls.help_line() for cls in registry().values())),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("model", help="bundled short name, local model folder, or Hub id")
     parser.add_argument("--curve", "--spec", dest="spec", required=True, help="spec file (best.json) from lpes-search")
-    parser.add_argument("--to", default="hf", help=f"comma-separated targets from {','.join(registry())} (default: hf)")
+    parser.add_argument("--to", default=default_targets(),
+                        help=f"comma-separated targets from {','.join(registry())} (default: {default_targets()})")
     parser.add_argument("--out", required=True, help="output folder (written atomically)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
                         help="precision of the ONNX/TensorRT export (default: float32)")
@@ -163,11 +159,13 @@ def _convert(argv: list[str] | None) -> int:
 
 def _validate_parser() -> argparse.ArgumentParser:
     from lpes.converter.loading import DEFAULT_MODEL
+    from lpes.exporters.targets import registry
 
+    exports = ", ".join(f"DIR/{cls.folder}" for cls in registry().values() if cls.folder != ".")
     parser = ArgumentParser(
         prog="lpes-validate",
         description="Key-value retrieval accuracy by gold position for the unscaled model, the LPES reference, "
-        "and every export found in DIR (DIR/onnx, DIR/tensorrt). Writes validation.json/.md/.png into DIR, and "
+        f"and every export found in DIR ({exports}). Writes validation.json/.md/.png into DIR, and "
         "rewrites DIR's model card (README.md) with them when they replace the earlier ones.",
         epilog=EXAMPLES_VALIDATE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -189,8 +187,9 @@ def _validate_parser() -> argparse.ArgumentParser:
 
 def _validate(argv: list[str] | None) -> int:
     from lpes.converter.loading import DEFAULT_MODEL, load_config, resolve_model, searched_elsewhere
-    from lpes.converter.trust import check_hub_code, check_received_folder
+    from lpes.converter.trust import check_hub_code
     from lpes.devices import check_device, default_dtype
+    from lpes.exporters.received import check_received_folder
     from lpes.search.run import check_answer_tokens
     from lpes.validation.report import find_spec, resolve_task, validate
 
@@ -200,7 +199,7 @@ def _validate(argv: list[str] | None) -> int:
     if not args.dir.is_dir():
         raise LpesError(f"{args.dir} is not a folder" if args.dir.exists() else f"folder not found: {args.dir}")
     check_hub_code(args.dir)  # before anything imports the folder's code (converter/trust.py)
-    check_received_folder(args.dir)  # and before any runtime opens a file or library the folder names
+    check_received_folder(args.dir)  # and before a runtime opens a file or library it names (exporters/received.py)
     spec = find_spec(args.dir)
     model = args.model or spec.provenance.get("base_model") or DEFAULT_MODEL
     model_path = resolve_model(model)
@@ -237,17 +236,17 @@ def _generate_parser() -> argparse.ArgumentParser:
 
 
 def _generate(argv: list[str] | None) -> int:
-    from lpes.validation.ort_runner import generate_text
+    from lpes.generate import generate_text
 
     args = _generate_parser().parse_args(argv)
     if args.max_new_tokens < 1:
         raise LpesError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
-    onnx_dir = args.dir / "onnx" if (args.dir / "onnx" / "model.onnx").is_file() else args.dir
-    if not (onnx_dir / "model.onnx").is_file():
-        raise LpesError(f"no model.onnx in {args.dir}")
-    from lpes.converter.trust import check_received_folder
+    from lpes.exporters.received import check_received_folder
+    from lpes.generate import export_folder
 
-    check_received_folder(onnx_dir)  # names no file outside it, no library (converter/trust.py)
+    onnx_dir = export_folder(args.dir)
+
+    check_received_folder(onnx_dir)  # names no file outside it, no library (exporters/received.py)
     text = generate_text(onnx_dir, args.prompt, args.max_new_tokens, chat_template=args.chat_template)
     print(text)
     if not text.strip():

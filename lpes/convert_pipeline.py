@@ -28,7 +28,7 @@ from lpes.converter.loading import (
 )
 from lpes.converter.reference import check_layout, check_rope_scheme
 from lpes.errors import LpesError
-from lpes.exporters.targets import ExportJob, Target, parse_targets
+from lpes.exporters.targets import ExportJob, Target, default_targets, parse_targets, targets_where
 from lpes.outputs import check_output_folder, staged_output
 from lpes.spec import Spec, load_spec
 
@@ -43,7 +43,7 @@ class ConvertOptions:
     model: str
     spec: Spec | str | os.PathLike
     out: str | os.PathLike
-    targets: str | Sequence[str] = "hf"
+    targets: str | Sequence[str] | None = None  # None: the registry's default targets
     dtype: str = "float32"
     force: bool = False
     validate: bool = True
@@ -92,7 +92,7 @@ class ConvertResult:
 
 def plan(options: ConvertOptions) -> ConvertPlan:
     """Check every input; raise LpesError with one line for the first problem found."""
-    target_classes = parse_targets(options.targets)
+    target_classes = parse_targets(options.targets if options.targets is not None else default_targets())
     check_dtype(options.dtype)
     model_path = resolve_model(options.model)
     config = load_config(model_path)
@@ -111,9 +111,9 @@ def plan(options: ConvertOptions) -> ConvertPlan:
         task = resolve_task(model_path, spec, options.data, options.chat_template, options.answer_tokens)
         task_note = task.override
         check_task_encodes(model_path, task, model_label(options.model))  # a tokenizer that fails: now, one line
-    names = [cls.name for cls in target_classes]
-    if options.push_to_hub and "hf" not in names:
-        raise LpesError("--push-to-hub uploads the Hub folder; add hf to --to")
+    uploaded = targets_where("uploads")
+    if options.push_to_hub and not set(uploaded) & set(target_classes):
+        raise LpesError(f"--push-to-hub uploads the Hub folder; add {','.join(t.name for t in uploaded)} to --to")
     if options.push_to_hub:
         from lpes.converter.hub import check_push_target
 
@@ -179,7 +179,7 @@ def run_targets(plan: ConvertPlan, staging: Path, result: ConvertResult) -> None
         target.finish(staging / target.folder, report)
 
 
-def convert(model: str, spec, out, targets: str | Sequence[str] = "hf", **options) -> ConvertResult:
+def convert(model: str, spec, out, targets: str | Sequence[str] | None = None, **options) -> ConvertResult:
     """Plan and execute in one call (the Python form of lpes-convert)."""
     return execute(plan(ConvertOptions(model, spec, out, targets, **options)))
 

@@ -27,9 +27,9 @@ import torch
 
 from lpes.converter.loading import load_config, load_model
 from lpes.converter.reference import apply
+from lpes.exporters.onnx_runner import OrtCausalLM
+from lpes.exporters.runners import left_pad
 from lpes.spec import Spec
-from lpes.validation.ort_runner import OrtCausalLM
-from lpes.validation.padding import left_pad
 
 
 @dataclass(frozen=True)
