@@ -16,6 +16,7 @@ import re
 import sys
 from importlib.resources import files
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -23,6 +24,9 @@ from lpes.converter.architectures import architecture_for
 from lpes.converter.real_models import is_real_model, licence_line, real_model_folder
 from lpes.errors import LpesError
 from lpes.files import read_json_object
+
+if TYPE_CHECKING:
+    from lpes.spec import Spec
 
 BUNDLED_MODELS_DIR = Path(str(files("lpes") / "models"))  # package data of lpes, editable or wheel
 DEFAULT_MODEL = "lpes-tiny-kv"
@@ -304,6 +308,18 @@ def load_config(path: Path):
         raise LpesError(f"cannot read the model config in {path}: {str(err).splitlines()[0]}") from None
     architecture_for(config)  # fails early for non-RoPE models
     return config
+
+
+def resolved_for_model(model_path: Path, spec: Spec, config=None) -> tuple[Any, Spec]:
+    """The model's config and `spec` with one scale per layer of it, resolved once per run.
+
+    `config` given: the caller resolved both already (lpes-convert's plan, `ExportJob`), and they
+    are used as they are; None: the config is read from `model_path` and `spec` resolved for it.
+    """
+    if config is not None:
+        return config, spec
+    config = load_config(Path(model_path))
+    return config, spec.for_layers(config.num_hidden_layers)
 
 
 def _refuse_custom_code(path: Path) -> None:

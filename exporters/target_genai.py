@@ -36,7 +36,7 @@ class GenaiPackage(Target):
     def check(self) -> None:
         from lpes.exporters.genai import check_genai
 
-        self.plan = check_genai(self.job.model_path, self.job.spec, **self.options)
+        self.plan = check_genai(self.job.model_path, self.job.spec, config=self.job.config, **self.options)
 
     def write(self, folder: Path) -> Written:
         from lpes.exporters.genai import write_genai

@@ -26,7 +26,7 @@ class HubFolder(Target):
 
         job: ExportJob = self.job
         written = write_hf_folder(job.model_path, job.spec, folder, job.model_name, __version__,
-                                  model_card=False)
+                                  model_card=False, config=job.config)
         return Written(reports=[f"Hub folder: {written.note}"])
 
     def finish(self, folder: Path, validation: Validated | None) -> None:

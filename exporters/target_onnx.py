@@ -37,12 +37,12 @@ class OnnxExport(Target):
         from lpes.exporters.onnx_export import export_onnx
 
         job = self.job
-        export_onnx(job.model_path, job.spec, folder, dtype=job.dtype)
+        export_onnx(job.model_path, job.spec, folder, dtype=job.dtype, config=job.config)
         if not job.validate:
             return Written()
         from lpes.exporters.onnx_parity import check_parity
 
-        report = check_parity(job.model_path, job.spec, folder, job.dtype)
+        report = check_parity(job.model_path, job.spec, folder, job.dtype, config=job.config)
         return Written([report.format()], passed=report.passed)
 
     @classmethod

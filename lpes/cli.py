@@ -35,7 +35,7 @@ minutes here it is skipped with the command to run it.
 Exit status: 0 passed, 1 validation failed (report printed), 2 bad input, or a target this
 machine cannot build (tensorrt without tensorrt or a GPU: the rest is written, with the
 recipe), 3 not validated (a check was skipped; the report says which and how to run it).
-"""
+{data}"""
 
 EXAMPLES_VALIDATE = """\
 examples (README's commands after make demo write the first folder, its lpes-tiny-kv commands the second):
@@ -44,26 +44,9 @@ examples (README's commands after make demo write the first folder, its lpes-tin
   lpes-validate llama-lpes --model meta-llama/Llama-3.2-1B --data kv:pairs=75,examples=10
   lpes-validate llama-lpes --data kv-retrieval-75_keys.jsonl.gz
 
---data TASK:field=value,... (lists joined by +, no quoting needed). Fields left out come
-from the model folder's lpes_task.json when it names the same task, then from the task's
-defaults. Without --data: the task the spec was searched on (its --data, chat template and
-answer budget), else the model folder's own task, else kv with 75 pairs. The forms, with the
-values a field left out gets (tiny-kv: lpes-tiny-kv's lpes_task.json):
-  tiny-kv:pairs=16,length=1024,examples=20,seed=0   the bundled model's task (validation/tiny_kv.py):
-                                                    pairs facts in a prompt of length positions
-  kv:pairs=75,examples=25,seed=0                    the lost-in-the-middle task: UUID keys and values,
-                                                    generated as the benchmark does
-  kv:file=FILE.jsonl,examples=N                     the benchmark's own records: the held-out half
-                                                    of the file (all of it, or its first N)
-  FILE.jsonl or FILE.jsonl.gz                       the same as kv:file=FILE
-examples counts examples per gold index: lpes-tiny-kv has 5 gold indices (0 4 8 12 15), so
-its default is 20 x 5 = 100 prompts and tiny-kv:examples=8 is 8 x 5 = 40. gold (the positions
-of the needed pair, 0 = first) defaults to the model's lpes_task.json, else the paper's
-indices for 75, 140 or 300 pairs (0+24+49+74 for 75), else 5 evenly spaced. Generated
-examples come from seed 2*seed+1 and lpes-search's from 2*seed; a benchmark file is split in
-two halves that share no record (by the SHA-256 of each record), lpes-search calibrating on
-one and validation reading the other, so validation never reuses a calibration example.
-Exit status: 0 passed (every planned check ran and held), 1 failed, 2 bad input, 3 not
+Without --data: the task the spec was searched on (its --data, chat template and answer
+budget), else the model folder's own task, else kv with 75 pairs.
+{data}Exit status: 0 passed (every planned check ran and held), 1 failed, 2 bad input, 3 not
 validated (a check was skipped: the report says why and prints the command that runs it).
 A run that does not pass keeps earlier scored results in DIR (it writes validation.skipped.*
 or validation.failed.* beside them).
@@ -84,12 +67,14 @@ no end-of-sequence token, so without --max-new-tokens 1 it writes on past the an
 
 def _convert_parser() -> argparse.ArgumentParser:
     from lpes.exporters.targets import add_target_arguments, default_targets, registry
+    from lpes.validation.tasks import DATA_FLAG, DATA_HELP
 
     parser = ArgumentParser(
         prog="lpes-convert",
         description="Bake an LPES spec into a model: Hub folder, ONNX, onnxruntime-genai, or TensorRT "
         "(experimental: never built here).",
-        epilog=EXAMPLES_CONVERT.format(targets="\n".join(cls.help_line() for cls in registry().values())),
+        epilog=EXAMPLES_CONVERT.format(targets="\n".join(cls.help_line() for cls in registry().values()),
+                                       data=DATA_HELP),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("model", help="bundled short name, local model folder, or Hub id")
@@ -104,8 +89,8 @@ def _convert_parser() -> argparse.ArgumentParser:
                         help="skip parity and key-value validation (not recommended)")
     parser.add_argument("--push-to-hub", metavar="REPO_ID", help="upload the Hub folder to this repo when done")
     parser.add_argument("--data", default=None,
-                        help="validation examples, as lpes-validate --data (default: the task the curve was "
-                        "searched on, from the spec, else the model's own task)")
+                        help="validation examples: " + DATA_FLAG + "the task the curve was searched on, from the "
+                        "spec, else the model's own task")
     add_task_arguments(parser)
     parser.add_argument("--max-minutes", type=float, default=20.0,
                         help="validation: skip the key-value scoring when its estimate is longer, and say how to "
@@ -138,9 +123,11 @@ def _convert(argv: list[str] | None) -> int:
     from lpes.exporters.targets import target_options
 
     args = _convert_parser().parse_args(argv)
-    options = ConvertOptions(args.model, args.spec, args.out, args.to, args.dtype, args.force, args.validate,
-                             args.push_to_hub, args.data, _max_seconds(args.max_minutes), args.chat_template,
-                             args.answer_tokens, target_options(args))
+    options = ConvertOptions(model=args.model, spec=args.spec, out=args.out, targets=args.to, dtype=args.dtype,
+                             force=args.force, validate=args.validate, push_to_hub=args.push_to_hub, data=args.data,
+                             max_validation_seconds=_max_seconds(args.max_minutes),
+                             chat_template=args.chat_template, answer_tokens=args.answer_tokens,
+                             target_options=target_options(args))
     result = execute(plan(options))
     for report in result.reports:
         print(report)
@@ -160,6 +147,7 @@ def _convert(argv: list[str] | None) -> int:
 def _validate_parser() -> argparse.ArgumentParser:
     from lpes.converter.loading import DEFAULT_MODEL
     from lpes.exporters.targets import registry
+    from lpes.validation.tasks import DATA_FLAG, DATA_HELP
 
     exports = ", ".join(f"DIR/{cls.folder}" for cls in registry().values() if cls.folder != ".")
     parser = ArgumentParser(
@@ -167,14 +155,14 @@ def _validate_parser() -> argparse.ArgumentParser:
         description="Key-value retrieval accuracy by gold position for the unscaled model, the LPES reference, "
         f"and every export found in DIR ({exports}). Writes validation.json/.md/.png into DIR, and "
         "rewrites DIR's model card (README.md) with them when they replace the earlier ones.",
-        epilog=EXAMPLES_VALIDATE,
+        epilog=EXAMPLES_VALIDATE.format(data=DATA_HELP),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("dir", type=Path, help="an lpes-convert output folder (holds lpes_spec.json)")
     parser.add_argument("--model", default=None, help=f"base model (default: from the spec, else {DEFAULT_MODEL})")
     parser.add_argument("--data", default=None,
-                        help="TASK:field=value,... or FILE.jsonl (forms below; default: the model folder's "
-                        "own task, lpes_task.json, else kv with 75 pairs)")
+                        help=DATA_FLAG + "the task the curve was searched on, from the spec, else the model "
+                        "folder's own task, lpes_task.json, else kv with 75 pairs")
     add_task_arguments(parser)
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"],
                         help="precision of the PyTorch reference (default auto: float32 on a CPU, where half "
@@ -203,17 +191,20 @@ def _validate(argv: list[str] | None) -> int:
     spec = find_spec(args.dir)
     model = args.model or spec.provenance.get("base_model") or DEFAULT_MODEL
     model_path = resolve_model(model)
-    elsewhere = searched_elsewhere(spec.searched_model, model_path, load_config(model_path), model)
+    config = load_config(model_path)
+    elsewhere = searched_elsewhere(spec.searched_model, model_path, config, model)
     if elsewhere:
         print(f"lpes-validate: warning: {elsewhere}", file=sys.stderr)
+    spec = spec.for_layers(config.num_hidden_layers)  # resolved once: validate() takes it as it is
     device = check_device(args.device)
     dtype = default_dtype(device) if args.dtype == "auto" else args.dtype
-    override = resolve_task(model_path, spec, args.data, args.chat_template, args.answer_tokens).override
-    if override:
-        print(f"lpes-validate: {override}", file=sys.stderr)
+    task = resolve_task(model_path, spec, args.data, args.chat_template, args.answer_tokens)
+    if task.override:
+        print(f"lpes-validate: {task.override}", file=sys.stderr)
     report = validate(model_path, args.dir, spec, data=args.data, chat_template=args.chat_template,
                       answer_tokens=args.answer_tokens, reference_dtype=dtype, device=device,
-                      max_seconds=max_seconds, model_name=model, shown_dir=args.dir, shown_model=model)
+                      max_seconds=max_seconds, model_name=model, shown_dir=args.dir, shown_model=model,
+                      config=config, task=task)
     print(report.format())
     print("wrote " + ", ".join(str(p) for p in report.files))
     return EXIT_STATUS[report.verdict]

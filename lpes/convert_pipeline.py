@@ -69,6 +69,7 @@ class ConvertPlan:
     chat_template: bool | None = None
     answer_tokens: int | None = None
     shown_model: str = ""  # the model as the user typed it (the commands the report prints name it so)
+    task: Any = None  # validation.report.ResolvedTask: the examples validation scores, resolved at plan time
 
     @property
     def target_names(self) -> list[str]:
@@ -102,14 +103,13 @@ def plan(options: ConvertOptions) -> ConvertPlan:
     check_layout(config)
     check_rope_scheme(config, spec.rope)  # per-layer yarn/dynamic need a model whose own RoPE is plain
     out = check_output_folder(options.out, model_path, options.force)
-    task_note = None
+    task = None
     if options.validate:  # a typo in --data, or the search's data file missing, fails now, not after the export
         from lpes.search.run import check_answer_tokens
         from lpes.validation.report import check_task_encodes, resolve_task
 
         check_answer_tokens(options.answer_tokens)
         task = resolve_task(model_path, spec, options.data, options.chat_template, options.answer_tokens)
-        task_note = task.override
         check_task_encodes(model_path, task, model_label(options.model))  # a tokenizer that fails: now, one line
     uploaded = targets_where("uploads")
     if options.push_to_hub and not set(uploaded) & set(target_classes):
@@ -124,10 +124,11 @@ def plan(options: ConvertOptions) -> ConvertPlan:
     targets = [cls(job, options.target_options.get(cls.name)) for cls in target_classes]
     for target in targets:
         target.check()
-    notes = [note for t in targets if (note := t.plan_note())] + ([task_note] if task_note else [])
-    return ConvertPlan(job, out, targets, options.force, options.push_to_hub, options.data,
-                       options.max_validation_seconds, notes, options.chat_template, options.answer_tokens,
-                       str(options.model))
+    notes = [note for t in targets if (note := t.plan_note())] + ([task.override] if task and task.override else [])
+    return ConvertPlan(job, out, targets, force=options.force, push_to_hub=options.push_to_hub, data=options.data,
+                       max_validation_seconds=options.max_validation_seconds, notes=notes,
+                       chat_template=options.chat_template, answer_tokens=options.answer_tokens,
+                       shown_model=str(options.model), task=task)
 
 
 def _warn_if_made_for_another_model(spec: Spec, config, model_path: Path, model_name: str) -> None:
@@ -181,7 +182,7 @@ def run_targets(plan: ConvertPlan, staging: Path, result: ConvertResult) -> None
 
 def convert(model: str, spec, out, targets: str | Sequence[str] | None = None, **options) -> ConvertResult:
     """Plan and execute in one call (the Python form of lpes-convert)."""
-    return execute(plan(ConvertOptions(model, spec, out, targets, **options)))
+    return execute(plan(ConvertOptions(model=model, spec=spec, out=out, targets=targets, **options)))
 
 
 def _progress(message: str) -> None:
@@ -195,7 +196,7 @@ def _validate(plan: ConvertPlan, staging: Path, result: ConvertResult) -> Valida
     report = validate(plan.job.model_path, staging, plan.job.spec, data=plan.data, chat_template=plan.chat_template,
                       answer_tokens=plan.answer_tokens, variants=plan.target_names, model_name=plan.job.model_name,
                       shown_dir=plan.out, shown_model=plan.shown_model or None,
-                      max_seconds=plan.max_validation_seconds)
+                      max_seconds=plan.max_validation_seconds, config=plan.job.config, task=plan.task)
     result.reports.append(report.format())
     result.passed &= report.verdict != "failed"
     result.validated &= report.verdict == "passed"

@@ -94,7 +94,8 @@ def test_no_module_imports_against_the_direction_lazy_imports_included():
 
 def test_validation_and_search_reach_the_exports_through_the_target_interface_only():
     reached = [f"{path.relative_to(ROOT)}:{line} imports {imported}"
-               for module, path in MODULES.items() if level(module) in (LEVELS["lpes.validation"], LEVELS["lpes.search"])
+               for module, path in MODULES.items()
+               if level(module) in (LEVELS["lpes.validation"], LEVELS["lpes.search"])
                for line, imported in imports(module, path)
                if level(imported) == LEVELS["lpes.exporters"] and imported not in TARGET_INTERFACE]
     assert reached == []
@@ -122,7 +123,7 @@ def test_no_code_outside_a_targets_own_files_names_a_target():
     """A target's name and folder ("onnx", "onnx/model.onnx", "OUT/onnx/") live in its class: the pipeline,
     validation, the plots and the CLI read them from the registry. Shared exporter modules count as outside."""
     names = list(targets.registry())
-    as_path = re.compile(r"(?<![\w.-])(%s)/" % "|".join(map(re.escape, names)))
+    as_path = re.compile(r"(?<![\w.-])(" + "|".join(map(re.escape, names)) + ")/")
     shared = {"lpes.exporters", "lpes.exporters.targets", "lpes.exporters.runners", "lpes.exporters.received"}
     named = [f"{path.relative_to(ROOT)}:{line}: {text[:60]!r}"
              for module, path in MODULES.items()

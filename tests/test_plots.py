@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from lpes import plots
-from lpes.validation.accuracy_plot import plot_accuracy
 from lpes.spec import Spec
 from lpes.validation import scoring
+from lpes.validation.accuracy_plot import plot_accuracy
 from lpes.validation.examples import Example
 from lpes.validation.results import REFERENCE, UNIFORM, UNSCALED, ValidationReport, VariantResult
 

@@ -125,12 +125,15 @@ def validate(
     shown_dir: Path | str | None = None,
     shown_model: str | None = None,
     progress: bool = True,
+    config: Any = None,
+    task: ResolvedTask | None = None,
 ) -> ValidationReport:
     """Check the RoPE of every layer, then score the unscaled model, the LPES reference and every export.
 
-    `spec` None: the `lpes_spec.json` the folder keeps (`find_spec`).
-    `examples` None: the task of `resolve_task` (`data`, `chat_template` and `answer_tokens`
-    over the task the spec was searched on, over the model folder's own).
+    `spec` None: the `lpes_spec.json` the folder keeps (`find_spec`). `config`: the model's
+    transformers config with `spec` already resolved for it (lpes-convert's plan); None: read here.
+    `examples` None: `task`, else the task of `resolve_task` (`data`, `chat_template` and
+    `answer_tokens` over the task the spec was searched on, over the model folder's own).
     `variants` limits the exports scored (target names); None: all found.
     The key-value scoring runs only when there is a tokenizer, the weights fit in
     memory and the time estimated from a probe (one real batch) is within `max_seconds`
@@ -139,73 +142,90 @@ def validate(
     The torch variants run in `reference_dtype` on `device` (default: cuda when available).
     A run that is not "passed" never replaces earlier scored results in `out_dir` (`write_report`).
     """
-    from lpes.converter.loading import load_config, model_label
+    from lpes.converter.loading import model_label, resolved_for_model
 
     out_dir = Path(out_dir)
-    spec = spec if spec is not None else find_spec(out_dir)
-    config = load_config(Path(model_path))
-    spec = spec.for_layers(config.num_hidden_layers)
+    config, spec = resolved_for_model(model_path, spec if spec is not None else find_spec(out_dir), config)
     name = model_label(str(model_name or spec.provenance.get("base_model") or Path(model_path).name))
-    task = None if examples is not None else resolve_task(model_path, spec, data, chat_template, answer_tokens)
+    if examples is None and task is None:
+        task = resolve_task(model_path, spec, data, chat_template, answer_tokens)
     exports = _found_exports(out_dir, variants)
-    kv_plan = _plan_kv(model_path, config, examples, task, reference_dtype, max_new_tokens, name)
+    kv_plan = _plan_kv(model_path, config, examples, task if examples is None else None, reference_dtype,
+                       max_new_tokens, name)
     longest = max(kv_plan.sequence_tokens, default=0) or 64  # the prompts plus the answers' budgets
     rope = checks.rope_check(config, spec, max(_positions_to_check(config, spec), longest))
-    other_model, other_task = _searched_on(spec, model_path, config, name, task)
-    searched_on = " and ".join(p for p in (other_model, other_task) if p) or None
-    note = BASELINE_NOTE if searched_on is None else f"PyTorch, searched on {other_model or 'another task'}"
-    planned = _plan_variants(spec, config, longest, exports, note) if kv_plan.skipped is None else []
-    rerun, console = _rerun_command(out_dir, shown_dir, shown_model or name, data, chat_template, answer_tokens)
-    results: list[VariantResult] = []
-    setup = None
+    searched_on, baseline_note = _searched_on(spec, model_path, config, name, task if examples is None else None)
+    rerun = _Rerun(out_dir, shown_dir, shown_model or name, data, chat_template, answer_tokens)
     if kv_plan.skipped is None:
-        started = time.perf_counter()
-        results, estimate, skipped = _score_all(model_path, spec, kv_plan, planned, reference_dtype, device,
-                                                batch_size, max_batch_tokens, max_new_tokens, max_seconds, progress)
-        if skipped:
-            kv = checks.Check("kv", "skipped", f"{skipped}; to run it on a faster machine, or here with no "
-                              f"budget: {rerun} --max-minutes 0")
-        else:
-            setup = _setup_problem(results, len(kv_plan.examples))
-            verdict = "failed" if setup or not all(v.passed for v in results) else "passed"
-            took = checks.format_seconds(time.perf_counter() - started)
-            kv = checks.Check("kv", verdict, f"{len(kv_plan.examples)} examples in {took} (estimated {estimate})")
-    elif kv_plan.tokenizer_missing:  # --model with the same folder would skip again: say what to give it
-        elsewhere, shown = _rerun_command(out_dir, shown_dir, TOKENIZER_MODEL, data, chat_template, answer_tokens)
-        console.update(shown)
-        kv = checks.Check("kv", "skipped", f"{kv_plan.skipped}; to run it, name as {TOKENIZER_MODEL} a folder or Hub "
-                          f"id of this model that has its tokenizer files: {elsewhere} (or copy them, e.g. "
-                          f"tokenizer.json and tokenizer_config.json, into {_shown_path(shown_model or name)} and run "
-                          f"{rerun})")
+        planned = _plan_variants(spec, config, longest, exports, baseline_note)
+        results, kv, setup = _score_kv(model_path, spec, kv_plan, planned, rerun, reference_dtype, device,
+                                       batch_size, max_batch_tokens, max_new_tokens, max_seconds, progress)
     else:
-        kv = checks.Check("kv", "skipped", f"{kv_plan.skipped}; to run it where it fits: {rerun}")
+        results, kv, setup = [], _kv_not_run(kv_plan, rerun, shown_model or name), None
     report = ValidationReport(name, kv_plan.examples if results else [], results, max_new_tokens, [rope, kv],
                               prompt_tokens=kv_plan.prompt_tokens if results else [],
-                              task=_task_line(task, kv_plan, spec), setup_problem=setup,
-                              console_paths={p: c for p, c in console.items() if p != c}, searched_on=searched_on)
-    report.warnings += kv_plan.warnings
-    unscaled = next((v for v in results if v.name == UNSCALED and v.scores is not None), None)
-    if unscaled is not None and (said := answers_not_value(unscaled.scores.results, kv_plan.examples)):
-        report.warnings.append(f"{said} (the unscaled model)")
+                              task=_task_line(task if examples is None else None, kv_plan, spec), setup_problem=setup,
+                              console_paths=rerun.console_paths(), searched_on=searched_on)
+    report.warnings += kv_plan.warnings + _answer_warnings(results, kv_plan.examples)
     write_report(report, out_dir)
     _rewrite_model_card(out_dir, report, spec, config, spec.base_model or name)
     return report
+
+
+def _score_kv(model_path: Path, spec: Spec, kv_plan: KvPlan, planned: list[PlannedVariant], rerun: _Rerun,
+              reference_dtype: str, device: str | None, batch_size: int, max_batch_tokens: int,
+              max_new_tokens: int | None, max_seconds: float | None,
+              progress: bool) -> tuple[list[VariantResult], checks.Check, str | None]:
+    """Score every planned variant (or skip them all over the time budget): the results, the kv check, and
+    the setup problem (every variant answered nothing)."""
+    started = time.perf_counter()
+    results, estimate, skipped = _score_all(model_path, spec, kv_plan, planned, reference_dtype, device,
+                                            batch_size, max_batch_tokens, max_new_tokens, max_seconds, progress)
+    if skipped:
+        return results, checks.Check("kv", "skipped", f"{skipped}; to run it on a faster machine, or here with no "
+                                     f"budget: {rerun.command()} --max-minutes 0"), None
+    setup = _setup_problem(results, len(kv_plan.examples))
+    verdict = "failed" if setup or not all(v.passed for v in results) else "passed"
+    took = checks.format_seconds(time.perf_counter() - started)
+    return results, checks.Check("kv", verdict, f"{len(kv_plan.examples)} examples in {took} (estimated {estimate})"), \
+        setup
+
+
+def _kv_not_run(kv_plan: KvPlan, rerun: _Rerun, model: str) -> checks.Check:
+    """The kv check when key-value scoring cannot run here, with the command that runs it where it can."""
+    if kv_plan.tokenizer_missing:  # --model with the same folder would skip again: say what to give it
+        elsewhere = rerun.command(model=TOKENIZER_MODEL)
+        return checks.Check("kv", "skipped", f"{kv_plan.skipped}; to run it, name as {TOKENIZER_MODEL} a folder or "
+                            f"Hub id of this model that has its tokenizer files: {elsewhere} (or copy them, e.g. "
+                            f"tokenizer.json and tokenizer_config.json, into {_shown_path(model)} and run "
+                            f"{rerun.command()})")
+    return checks.Check("kv", "skipped", f"{kv_plan.skipped}; to run it where it fits: {rerun.command()}")
+
+
+def _answer_warnings(results: list[VariantResult], examples: Sequence[Example]) -> list[str]:
+    """A warning when most of the unscaled model's answers do not start with the value (`answers_not_value`)."""
+    unscaled = next((v for v in results if v.name == UNSCALED and v.scores is not None), None)
+    if unscaled is not None and (said := answers_not_value(unscaled.scores.results, examples)):
+        return [f"{said} (the unscaled model)"]
+    return []
 
 
 TOKENIZER_MODEL = "MODEL_WITH_TOKENIZER"  # the skip message's placeholder for a model folder that has a tokenizer
 
 
 def _searched_on(spec: Spec, model_path: Path, config, name: str,
-                 task: ResolvedTask | None) -> tuple[str | None, str | None]:
-    """What the curve and its baselines were searched on, where it is not what is validated here: the other
-    model's name, and "another task (DATA)"; None for each that is this one (or that the spec does not record)."""
+                 task: ResolvedTask | None) -> tuple[str | None, str]:
+    """What the curve and its baselines were searched on, where it is not what is validated here (the other
+    model's name and/or "another task (DATA)"; None where it is this one, or the spec does not record it), and
+    the note the baselines get in the table."""
     from lpes.converter.loading import other_model_searched
 
     model = other_model_searched(spec.searched_model, model_path, config, name)
     other_task = None
     if task is not None and task.other_task:
         other_task = f"another task ({shareable_data(task.searched.data) or 'the model folder task'})"
-    return model, other_task
+    searched_on = " and ".join(p for p in (model, other_task) if p) or None
+    return searched_on, BASELINE_NOTE if searched_on is None else f"PyTorch, searched on {model or 'another task'}"
 
 
 def _rewrite_model_card(out_dir: Path, report: ValidationReport, spec: Spec, config, base_model: str) -> None:
@@ -379,26 +399,38 @@ def _shown_path(path: str) -> str:
     return Path(path).name if Path(path).expanduser().is_absolute() else path
 
 
-def _rerun_command(out_dir: Path, shown_dir, model: str, data, chat_template, answer_tokens) -> tuple[str, dict]:
-    """The lpes-validate command that runs what was skipped, as published, and the console's form of it.
+@dataclass
+class _Rerun:
+    """The lpes-validate command that runs what was skipped: as published (an absolute path by its name), and
+    the console's form of each published one (folder and model as the user typed them, so that the command
+    pastes and runs where they ran it; a bare folder name is not turned into a Hub id)."""
 
-    Folder and model as the user typed them, so that the command pastes and runs where they ran it (a
-    bare folder name is not turned into a Hub id); in published files an absolute path by its name.
-    """
-    folder = str(shown_dir or out_dir)
+    out_dir: Path
+    shown_dir: Path | str | None
+    model: str
+    data: str | None
+    chat_template: bool | None
+    answer_tokens: int | None
+    _console: dict[str, str] = field(default_factory=dict)
 
-    def command(shown) -> str:
-        words = ["lpes-validate", shown(folder), "--model", shown(model)]
-        if data is not None:
-            words += ["--data", shareable_data(data) if shown is _shown_path else data]
-        if chat_template is not None:
-            words.append("--chat-template" if chat_template else "--no-chat-template")
-        if answer_tokens is not None:
-            words += ["--answer-tokens", str(answer_tokens)]
+    def command(self, model: str | None = None) -> str:
+        """The published command (with another `model`: that one's); remembers its console form."""
+        published = self._words(_shown_path, model or self.model)
+        self._console[published] = self._words(str, model or self.model)
+        return published
+
+    def console_paths(self) -> dict[str, str]:
+        return {p: c for p, c in self._console.items() if p != c}
+
+    def _words(self, shown, model: str) -> str:
+        words = ["lpes-validate", shown(str(self.shown_dir or self.out_dir)), "--model", shown(model)]
+        if self.data is not None:
+            words += ["--data", shareable_data(self.data) if shown is _shown_path else self.data]
+        if self.chat_template is not None:
+            words.append("--chat-template" if self.chat_template else "--no-chat-template")
+        if self.answer_tokens is not None:
+            words += ["--answer-tokens", str(self.answer_tokens)]
         return " ".join(shlex.quote(w) for w in words)
-
-    published = command(_shown_path)
-    return published, {published: command(str)}
 
 
 def _setup_problem(results: list[VariantResult], examples: int) -> str | None:
