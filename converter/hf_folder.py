@@ -107,11 +107,6 @@ def render_modeling(config: dict[str, Any]) -> str:
     )
 
 
-def uses_custom_code(folder: Path) -> bool:
-    """Whether a written Hub folder needs trust_remote_code (per-layer LPES) or is a stock config."""
-    return bool(json.loads((Path(folder) / "config.json").read_text()).get("auto_map"))
-
-
 def lpes_model_type(base_model_type: str) -> str:
     """A model_type transformers does not know, so a plain load fails instead of running unscaled."""
     return f"lpes_{base_model_type}"
