@@ -59,7 +59,7 @@ class HubFolderWritten:
 
 def write_hf_folder(
     model_path: Path, spec: Spec, out_dir: Path, base_model: str, lpes_version: str, model_card: bool = True,
-    config=None,
+    config: Any = None,
 ) -> HubFolderWritten:
     """Write the Hub folder for `model_path` + `spec` into `out_dir` (which must exist).
 

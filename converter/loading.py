@@ -310,7 +310,7 @@ def load_config(path: Path):
     return config
 
 
-def resolved_for_model(model_path: Path, spec: Spec, config=None) -> tuple[Any, Spec]:
+def resolved_for_model(model_path: Path, spec: Spec, config: Any = None) -> tuple[Any, Spec]:
     """The model's config and `spec` with one scale per layer of it, resolved once per run.
 
     `config` given: the caller resolved both already (lpes-convert's plan, `ExportJob`), and they

@@ -49,6 +49,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -93,7 +94,7 @@ class GenaiPlan:
 
 
 def check_genai(model_path: Path, spec: Spec, precision: str = "fp32", execution_provider: str = "cpu",
-                config=None) -> GenaiPlan:
+                config: Any = None) -> GenaiPlan:
     """Validate everything `export_genai` needs without reading a weight; LpesError on the first problem.
 
     `config`: the model's config with `spec` resolved for it (lpes-convert's ExportJob); None: read here.

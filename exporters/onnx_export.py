@@ -38,6 +38,7 @@ import logging
 import shutil
 import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -61,7 +62,7 @@ _LENGTH_DEPENDENT_ROPE = {"dynamic": "dynamic-NTK"}
 
 
 def export_onnx(
-    model_path: Path, spec: Spec, out_dir: Path, dtype: str = "float32", opset: int = DEFAULT_OPSET, config=None
+    model_path: Path, spec: Spec, out_dir: Path, dtype: str = "float32", opset: int = DEFAULT_OPSET, config: Any = None
 ) -> Path:
     """Export `model_path` with `spec` applied into `out_dir` (created if needed); returns `out_dir`.
 

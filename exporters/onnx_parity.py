@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -130,7 +131,7 @@ def _divergence_text(first: list[int | None]) -> str:
 
 
 def check_parity(model_path: Path, spec: Spec, onnx_dir: Path, dtype: str, num_tokens: int = 32,
-                 config=None) -> ParityReport:
+                 config: Any = None) -> ParityReport:
     """Compare the export in `onnx_dir` with `model_path` patched by `spec` (see the module docstring).
 
     `config`: the model's config with `spec` resolved for it (lpes-convert's ExportJob); None: read here.

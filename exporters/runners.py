@@ -6,8 +6,8 @@ Hub folder, and the PyTorch variants validation scores beside the exports).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -51,7 +51,8 @@ def torch_left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple:
     return tuple(torch.from_numpy(a) for a in left_pad(rows, pad_id))
 
 
-def greedy_decode(step, rows: list[list[int]], past, max_new_tokens: int, eos_token_id: int | list[int] | None):
+def greedy_decode(step: Callable[..., tuple[np.ndarray, Any]], rows: list[list[int]], past: Any, max_new_tokens: int,
+                  eos_token_id: int | list[int] | None) -> tuple[list[list[int]], list[np.ndarray]]:
     """Greedy decoding through a KV cache, shared by the onnxruntime and TensorRT runners.
 
     `step(ids, mask, positions, past) -> (last-position logits [batch, vocab] as numpy, present)`.
@@ -80,7 +81,7 @@ def greedy_decode(step, rows: list[list[int]], past, max_new_tokens: int, eos_to
     return new_tokens, step_logits
 
 
-def model_device(model):
+def model_device(model: Any) -> Any:
     """The torch device of a model's first parameter (cpu for one without parameters)."""
     import torch
 
