@@ -211,13 +211,16 @@ def _validate(argv: list[str] | None) -> int:
 
 
 def _generate_parser() -> argparse.ArgumentParser:
+    from lpes.exporters.targets import targets_where
+
+    (target,) = targets_where("generates")
     parser = ArgumentParser(
         prog="lpes-generate",
         description="Greedy generation with an lpes ONNX export in onnxruntime (KV cache, tokenizer from DIR).",
         epilog=EXAMPLES_GENERATE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("dir", type=Path, help="ONNX folder (OUT/onnx) or an lpes-convert output folder")
+    parser.add_argument("dir", type=Path, help=f"ONNX folder (OUT/{target.folder}) or an lpes-convert output folder")
     parser.add_argument("prompt", help="text for DIR's tokenizer (quote it: it holds spaces)")
     parser.add_argument("--max-new-tokens", type=int, default=32,
                         help="stop after this many tokens, or at the model's end token (default %(default)s)")

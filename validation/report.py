@@ -147,14 +147,15 @@ def validate(
     out_dir = Path(out_dir)
     config, spec = resolved_for_model(model_path, spec if spec is not None else find_spec(out_dir), config)
     name = model_label(str(model_name or spec.provenance.get("base_model") or Path(model_path).name))
-    if examples is None and task is None:
+    if examples is not None:  # the caller's examples: no task behind them
+        task = None
+    elif task is None:
         task = resolve_task(model_path, spec, data, chat_template, answer_tokens)
     exports = _found_exports(out_dir, variants)
-    kv_plan = _plan_kv(model_path, config, examples, task if examples is None else None, reference_dtype,
-                       max_new_tokens, name)
+    kv_plan = _plan_kv(model_path, config, examples, task, reference_dtype, max_new_tokens, name)
     longest = max(kv_plan.sequence_tokens, default=0) or 64  # the prompts plus the answers' budgets
     rope = checks.rope_check(config, spec, max(_positions_to_check(config, spec), longest))
-    searched_on, baseline_note = _searched_on(spec, model_path, config, name, task if examples is None else None)
+    searched_on, baseline_note = _searched_on(spec, model_path, config, name, task)
     rerun = _Rerun(out_dir, shown_dir, shown_model or name, data, chat_template, answer_tokens)
     if kv_plan.skipped is None:
         planned = _plan_variants(spec, config, longest, exports, baseline_note)
@@ -164,7 +165,7 @@ def validate(
         results, kv, setup = [], _kv_not_run(kv_plan, rerun, shown_model or name), None
     report = ValidationReport(name, kv_plan.examples if results else [], results, max_new_tokens, [rope, kv],
                               prompt_tokens=kv_plan.prompt_tokens if results else [],
-                              task=_task_line(task if examples is None else None, kv_plan, spec), setup_problem=setup,
+                              task=_task_line(task, kv_plan, spec), setup_problem=setup,
                               console_paths=rerun.console_paths(), searched_on=searched_on)
     report.warnings += kv_plan.warnings + _answer_warnings(results, kv_plan.examples)
     write_report(report, out_dir)
@@ -187,8 +188,8 @@ def _score_kv(model_path: Path, spec: Spec, kv_plan: KvPlan, planned: list[Plann
     setup = _setup_problem(results, len(kv_plan.examples))
     verdict = "failed" if setup or not all(v.passed for v in results) else "passed"
     took = checks.format_seconds(time.perf_counter() - started)
-    return results, checks.Check("kv", verdict, f"{len(kv_plan.examples)} examples in {took} (estimated {estimate})"), \
-        setup
+    kv = checks.Check("kv", verdict, f"{len(kv_plan.examples)} examples in {took} (estimated {estimate})")
+    return results, kv, setup
 
 
 def _kv_not_run(kv_plan: KvPlan, rerun: _Rerun, model: str) -> checks.Check:
