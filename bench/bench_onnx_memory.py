@@ -67,7 +67,7 @@ def export(work: Path, dtype: str) -> dict:
 
 
 def check(work: Path, dtype: str) -> dict:
-    from lpes.validation.ort_runner import OrtCausalLM
+    from lpes.exporters.onnx_runner import OrtCausalLM
 
     start = time.perf_counter()
     lm = OrtCausalLM(work / "onnx", "cpu", threads=2)

@@ -22,7 +22,6 @@ import torch
 import transformers
 
 import lpes
-from lpes.converter.hf_folder import uses_custom_code
 from lpes.converter.loading import load_model, load_tokenizer, resolve_model
 from lpes.spec import load_spec
 from lpes.validation.tiny_kv import make_examples
@@ -48,7 +47,7 @@ def main() -> None:
         folder = Path(folder)
         spec = load_spec(folder / "lpes_spec.json")
         config = json.loads((folder / "config.json").read_text())
-        custom = uses_custom_code(folder)
+        custom = bool(json.loads((Path(folder) / "config.json").read_text()).get("auto_map"))  # LPES code
         base = resolve_model(spec.provenance["base_model"])
         unscaled = load_model(base).eval()
         model = lpes.apply(load_model(base), spec).eval()

@@ -33,7 +33,7 @@ from typing import Any
 
 from lpes.converter import lpes_rope
 from lpes.converter.architectures import architecture_for
-from lpes.converter.loading import PICKLE_SUFFIXES, load_config
+from lpes.converter.loading import PICKLE_SUFFIXES, resolved_for_model
 from lpes.converter.model_card import write_model_card
 from lpes.converter.modeling_template import MODELING_LPES
 from lpes.converter.portable_files import COPIED_TOKENIZER_FILES, write_config_json, write_tokenizer_files
@@ -58,19 +58,20 @@ class HubFolderWritten:
 
 
 def write_hf_folder(
-    model_path: Path, spec: Spec, out_dir: Path, base_model: str, lpes_version: str, model_card: bool = True
+    model_path: Path, spec: Spec, out_dir: Path, base_model: str, lpes_version: str, model_card: bool = True,
+    config: Any = None,
 ) -> HubFolderWritten:
     """Write the Hub folder for `model_path` + `spec` into `out_dir` (which must exist).
 
     `model_card=False` leaves README.md to the caller (lpes-convert writes it once, after validation).
+    `config`: the model's config with `spec` resolved for it (lpes-convert's ExportJob); None: read here.
     """
-    config = load_config(model_path)
+    config, spec = resolved_for_model(model_path, spec, config)
     if getattr(config, "auto_map", None):
         raise LpesError(f"{model_path} is itself custom code (auto_map); lpes wraps only built-in transformers models")
     base_class = (config.architectures or [None])[0]
     if not base_class or not base_class.endswith("ForCausalLM"):
         raise LpesError(f"config.json 'architectures' is {config.architectures!r}; expected a *ForCausalLM class")
-    spec = spec.for_layers(config.num_hidden_layers)
     data = json.loads((model_path / "config.json").read_text())
     layout = architecture_for(config).patch_kwargs(config)
     check_rope_scheme(config, spec.rope)
@@ -104,11 +105,6 @@ def render_modeling(config: dict[str, Any]) -> str:
         lpes_model_type=config["model_type"],
         lpes_version=lpes["lpes_version"],
     )
-
-
-def uses_custom_code(folder: Path) -> bool:
-    """Whether a written Hub folder needs trust_remote_code (per-layer LPES) or is a stock config."""
-    return bool(json.loads((Path(folder) / "config.json").read_text()).get("auto_map"))
 
 
 def lpes_model_type(base_model_type: str) -> str:

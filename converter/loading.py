@@ -16,6 +16,7 @@ import re
 import sys
 from importlib.resources import files
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -23,6 +24,9 @@ from lpes.converter.architectures import architecture_for
 from lpes.converter.real_models import is_real_model, licence_line, real_model_folder
 from lpes.errors import LpesError
 from lpes.files import read_json_object
+
+if TYPE_CHECKING:
+    from lpes.spec import Spec
 
 BUNDLED_MODELS_DIR = Path(str(files("lpes") / "models"))  # package data of lpes, editable or wheel
 DEFAULT_MODEL = "lpes-tiny-kv"
@@ -306,6 +310,18 @@ def load_config(path: Path):
     return config
 
 
+def resolved_for_model(model_path: Path, spec: Spec, config: Any = None) -> tuple[Any, Spec]:
+    """The model's config and `spec` with one scale per layer of it, resolved once per run.
+
+    `config` given: the caller resolved both already (lpes-convert's plan, `ExportJob`), and they
+    are used as they are; None: the config is read from `model_path` and `spec` resolved for it.
+    """
+    if config is not None:
+        return config, spec
+    config = load_config(Path(model_path))
+    return config, spec.for_layers(config.num_hidden_layers)
+
+
 def _refuse_custom_code(path: Path) -> None:
     """auto_map points transformers at Python files of the folder; lpes never imports them."""
     data = read_json_object(path / "config.json")
@@ -458,36 +474,6 @@ def load_tokenizer(path: Path):
             raise
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise LpesError(f"cannot load the tokenizer of {path}: {first[:200]}") from None
-
-
-def check_device(name: str | None) -> str:
-    """A torch device this machine has (default: cuda when there is one, else cpu); LpesError otherwise."""
-    if name is None:
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        device = torch.device(name)
-    except (RuntimeError, ValueError):
-        raise LpesError(f"--device {name!r} is not a torch device (cpu, cuda, cuda:1, mps ...)") from None
-    if device.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0:
-            raise LpesError(f"--device {name}: this machine has no CUDA GPU (or torch is a CPU build)")
-        if device.index is not None and device.index >= count:
-            raise LpesError(f"--device {name}: this machine has {count} CUDA GPU(s), cuda:0..cuda:{count - 1}")
-    elif device.type == "mps" and not torch.backends.mps.is_available():
-        raise LpesError(f"--device {name}: MPS is not available here")
-    elif device.type not in ("cpu", "cuda", "mps"):
-        raise LpesError(f"--device {name}: lpes runs on cpu, cuda or mps, not {device.type}")
-    return str(device)
-
-
-def default_dtype(device: str) -> str:
-    """float32 on a CPU (half-precision matmuls there are slow and inexact); bfloat16 on a GPU that has it."""
-    if torch.device(device).type == "cpu":
-        return "float32"
-    if torch.device(device).type == "cuda" and not torch.cuda.is_bf16_supported():
-        return "float16"
-    return "bfloat16"
 
 
 def parameter_count(model_path: Path) -> int:

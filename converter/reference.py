@@ -37,7 +37,7 @@ def apply(model: nn.Module, spec: Spec) -> nn.Module:
     except AttributeError:
         raise LpesError(
             f"{type(model).__name__} has no model-level rotary module at {kwargs['rotary_path']}; "
-            "add its layout to lpes/converter/architectures.py"
+            "add its layout to converter/architectures.py"
         ) from None
     if not isinstance(rotary, lpes_rope.LayerScaledRotary):  # checked when first wrapped; search swaps often
         _check_rope_layout(rotary, kwargs["layer_types"], kwargs["interleaved"], config.model_type)
@@ -170,7 +170,7 @@ def check_layout(config) -> None:
         except AttributeError:
             raise LpesError(
                 f"{type(model).__name__} has no {kwargs[what]} (its {what.split('_')[0]}); "
-                "add its layout to lpes/converter/architectures.py"
+                "add its layout to converter/architectures.py"
             ) from None
 
 
@@ -190,5 +190,5 @@ def _check_rope_layout(rotary: nn.Module, layer_types, interleaved: bool, model_
             ours, _ = lpes_rope.rope_cos_sin(inv_freq, positions, scaling, cos.dtype, interleaved)
         if ours.shape != cos.shape or not torch.equal(ours, cos):
             raise LpesError(
-                f"lpes does not reproduce {model_type!r}'s RoPE layout; add an entry to lpes/converter/architectures.py"
+                f"lpes does not reproduce {model_type!r}'s RoPE layout; add an entry to converter/architectures.py"
             )

@@ -49,14 +49,16 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from lpes.converter import lpes_rope
 from lpes.converter.architectures import ARCHITECTURES, GenaiSupport, architecture_for
-from lpes.converter.loading import load_config
+from lpes.converter.loading import resolved_for_model
 from lpes.errors import LpesError
-from lpes.spec import Spec, dump_spec, write_text_atomic
+from lpes.files import write_text_atomic
+from lpes.spec import Spec, dump_spec
 
 SPEC_FILE = "lpes_spec.json"
 SIDECAR_FILE = "lpes_genai.json"  # precision and provider the package was built for
@@ -91,12 +93,16 @@ class GenaiPlan:
     context_length: int = 0
 
 
-def check_genai(model_path: Path, spec: Spec, precision: str = "fp32", execution_provider: str = "cpu") -> GenaiPlan:
-    """Validate everything `export_genai` needs without reading a weight; LpesError on the first problem."""
+def check_genai(model_path: Path, spec: Spec, precision: str = "fp32", execution_provider: str = "cpu",
+                config: Any = None) -> GenaiPlan:
+    """Validate everything `export_genai` needs without reading a weight; LpesError on the first problem.
+
+    `config`: the model's config with `spec` resolved for it (lpes-convert's ExportJob); None: read here.
+    """
     if importlib.util.find_spec("onnxruntime_genai") is None:
         raise LpesError("--to genai needs onnxruntime-genai: pip install 'lpes[genai]'")
     _check_target(precision, execution_provider)
-    config = load_config(model_path)
+    config, spec = resolved_for_model(model_path, spec, config)
     entry = _architecture_entry(config)
     rope_type = config.rope_parameters.get("rope_type", "default")
     if rope_type not in entry.rope_types:
@@ -108,7 +114,6 @@ def check_genai(model_path: Path, spec: Spec, precision: str = "fp32", execution
     if config.eos_token_id is None and not _tokenizer_has_eos(model_path):
         raise LpesError("--to genai needs an end-of-sequence token (config eos_token_id or the tokenizer's); "
                         "onnxruntime-genai's generator stops on it")
-    spec = spec.for_layers(config.num_hidden_layers)
     _check_rope_scheme(config, spec)
     meta_model = _meta_model(config)
     _check_lm_head_lookalikes(meta_model, config.vocab_size)

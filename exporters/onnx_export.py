@@ -38,10 +38,11 @@ import logging
 import shutil
 import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from lpes.converter.loading import DTYPES, check_dtype, load_config, load_model
+from lpes.converter.loading import DTYPES, check_dtype, load_model, resolved_for_model
 from lpes.converter.reference import apply, check_layout, check_rope_scheme
 from lpes.errors import LpesError
 from lpes.exporters import onnx_io
@@ -61,12 +62,17 @@ _LENGTH_DEPENDENT_ROPE = {"dynamic": "dynamic-NTK"}
 
 
 def export_onnx(
-    model_path: Path, spec: Spec, out_dir: Path, dtype: str = "float32", opset: int = DEFAULT_OPSET
+    model_path: Path, spec: Spec, out_dir: Path, dtype: str = "float32", opset: int = DEFAULT_OPSET, config: Any = None
 ) -> Path:
-    """Export `model_path` with `spec` applied into `out_dir` (created if needed); returns `out_dir`."""
+    """Export `model_path` with `spec` applied into `out_dir` (created if needed); returns `out_dir`.
+
+    `config`: the model's config with `spec` resolved and checked for it (lpes-convert's plan ran
+    `check_exportable`); None: read, resolved and checked here.
+    """
     model_path, out_dir = Path(model_path), Path(out_dir)
-    config = load_config(model_path)
-    spec = check_exportable(config, spec, dtype)
+    if config is None:
+        config, spec = resolved_for_model(model_path, spec)
+        check_exportable(config, spec, dtype)
 
     model = load_model(model_path, dtype, for_export=True)
     apply(model, spec)

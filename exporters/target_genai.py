@@ -6,8 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from lpes.exporters.target_onnx import require
-from lpes.exporters.targets import OpenedExport, RunContext, Target, Written, register
+from lpes.exporters.targets import OpenedExport, RunContext, Target, Written, register, require
 
 
 @register
@@ -17,6 +16,7 @@ class GenaiPackage(Target):
     marker = "genai_config.json"
     order = 40
     help = "onnxruntime-genai package with per-layer RoPE caches"
+    label = "LPES, onnxruntime-genai"
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
@@ -36,7 +36,7 @@ class GenaiPackage(Target):
     def check(self) -> None:
         from lpes.exporters.genai import check_genai
 
-        self.plan = check_genai(self.job.model_path, self.job.spec, **self.options)
+        self.plan = check_genai(self.job.model_path, self.job.spec, config=self.job.config, **self.options)
 
     def write(self, folder: Path) -> Written:
         from lpes.exporters.genai import write_genai
@@ -47,7 +47,7 @@ class GenaiPackage(Target):
     @classmethod
     def open(cls, folder: Path, run: RunContext) -> OpenedExport:
         require("onnxruntime_genai", "genai")
-        from lpes.validation.genai_runner import GenaiGreedy
+        from lpes.exporters.genai_runner import GenaiGreedy
 
         return OpenedExport(GenaiGreedy(folder), "onnxruntime-genai", cls.export_dtype(folder, run))
 

@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from lpes.exporters.targets import ExportJob, OpenedExport, RunContext, Target, Written, register
-
-if TYPE_CHECKING:
-    from lpes.validation.report import ValidationReport
+from lpes.exporters.targets import ExportJob, OpenedExport, RunContext, Target, Validated, Written, register
 
 
 @register
@@ -18,17 +14,22 @@ class HubFolder(Target):
     marker = "config.json"
     order = 10
     help = "the Hub folder (a stock RoPE config where one scale per rotary is exact, else LPES code)"
+    label = "LPES, Hub folder"
+    layout = "hf: the Hub folder (load with trust_remote_code=True)"
+    default = True
+    holds_spec = True
+    uploads = True
 
     def write(self, folder: Path) -> Written:
-        import lpes
         from lpes.converter.hf_folder import write_hf_folder
+        from lpes.version import __version__
 
         job: ExportJob = self.job
-        written = write_hf_folder(job.model_path, job.spec, folder, job.model_name, lpes.__version__,
-                                  model_card=False)
+        written = write_hf_folder(job.model_path, job.spec, folder, job.model_name, __version__,
+                                  model_card=False, config=job.config)
         return Written(reports=[f"Hub folder: {written.note}"])
 
-    def finish(self, folder: Path, validation: ValidationReport | None) -> None:
+    def finish(self, folder: Path, validation: Validated | None) -> None:
         """The model card, once: with the validation table and its numbers when validation ran."""
         from lpes.converter.model_card import write_model_card
 
@@ -49,7 +50,7 @@ class HubFolder(Target):
         from transformers import AutoModelForCausalLM
 
         from lpes.converter.loading import DTYPES
-        from lpes.validation.scoring import TorchGreedy
+        from lpes.exporters.runners import TorchGreedy
 
         custom_code = (folder / "modeling_lpes.py").is_file()
         if custom_code:  # run only the code this lpes version writes, byte for byte

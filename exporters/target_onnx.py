@@ -2,18 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 from lpes.errors import LpesError
-from lpes.exporters.targets import OpenedExport, RunContext, RunnerUnavailable, Target, Written, register
-
-
-def require(module: str, extra: str) -> None:
-    """RunnerUnavailable unless `module` is installed (validation then skips the export)."""
-    if importlib.util.find_spec(module) is None:
-        raise RunnerUnavailable(f"{module} is not installed (pip install 'lpes[{extra}]')")
-
+from lpes.exporters.targets import OpenedExport, RunContext, RunnerUnavailable, Target, Written, register, require
 
 # Peak RSS per byte of weights, measured on a 1.1B model (bench/RESULTS.md): 1.13 for the export,
 # 2.0 for the parity check that follows it (reference and onnxruntime session in one process).
@@ -27,6 +19,9 @@ class OnnxExport(Target):
     marker = "model.onnx"
     order = 20
     help = "model.onnx with KV cache, checked against the PyTorch reference"
+    label = "LPES, ONNX in onnxruntime"
+    holds_spec = True
+    generates = True
 
     def check(self) -> None:
         from lpes.exporters.onnx_export import check_exportable
@@ -34,7 +29,7 @@ class OnnxExport(Target):
         check_exportable(self.job.config, self.job.spec, self.job.dtype)
         self._check_memory()
         if self.job.validate:
-            from lpes.validation.ort_runner import check_dtype_supported
+            from lpes.exporters.onnx_runner import check_dtype_supported
 
             check_dtype_supported(self.job.dtype)
 
@@ -42,18 +37,18 @@ class OnnxExport(Target):
         from lpes.exporters.onnx_export import export_onnx
 
         job = self.job
-        export_onnx(job.model_path, job.spec, folder, dtype=job.dtype)
+        export_onnx(job.model_path, job.spec, folder, dtype=job.dtype, config=job.config)
         if not job.validate:
             return Written()
-        from lpes.validation.parity import check_parity
+        from lpes.exporters.onnx_parity import check_parity
 
-        report = check_parity(job.model_path, job.spec, folder, job.dtype)
+        report = check_parity(job.model_path, job.spec, folder, job.dtype, config=job.config)
         return Written([report.format()], passed=report.passed)
 
     @classmethod
     def open(cls, folder: Path, run: RunContext) -> OpenedExport:
         require("onnxruntime", "onnx")
-        from lpes.validation.ort_runner import OrtCausalLM, check_dtype_supported
+        from lpes.exporters.onnx_runner import OrtCausalLM, check_dtype_supported
 
         dtype = cls.export_dtype(folder, run)
         try:
@@ -72,7 +67,7 @@ class OnnxExport(Target):
     def _check_memory(self) -> None:
         """Refuse now an export that would run out of memory later (it holds the weights in --dtype)."""
         from lpes.converter.loading import DTYPES, available_memory, parameter_count
-        from lpes.validation.checks import format_bytes
+        from lpes.devices import format_bytes
 
         share = EXPORT_PEAK_PER_WEIGHT_BYTE if self.job.validate else 1.2
         needed = share * parameter_count(self.job.model_path) * DTYPES[self.job.dtype].itemsize

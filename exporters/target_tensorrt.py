@@ -12,8 +12,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from lpes.exporters.target_onnx import require
-from lpes.exporters.targets import OpenedExport, RunContext, RunnerUnavailable, Target, Written, register
+from lpes.exporters.targets import OpenedExport, RunContext, RunnerUnavailable, Target, Written, register, require
 
 
 @register
@@ -24,6 +23,10 @@ class TensorrtEngine(Target):
     order = 30
     needs = ("onnx",)
     help = "engine built from OUT/onnx (experimental: never built here; needs an NVIDIA GPU + tensorrt)"
+    label = "LPES, TensorRT engine"
+    layout = ("tensorrt, experimental: never built here (no machine of this project has\n"
+              "TensorRT): engine built from OUT/onnx on an NVIDIA GPU with tensorrt, else\n"
+              "OUT/tensorrt/trtexec.sh to build it there, and exit 2")
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
@@ -57,9 +60,10 @@ class TensorrtEngine(Target):
         return f"the trtexec recipe only, no engine (this machine lacks {self.missing})"
 
     def write(self, folder: Path) -> Written:
+        from lpes.exporters.targets import registry
         from lpes.exporters.tensorrt import build_engine_or_explain
 
-        onnx_dir = folder.parent / "onnx"
+        onnx_dir = folder.parent / registry()[self.needs[0]].folder  # the ONNX export it builds from
         note = build_engine_or_explain(onnx_dir, folder, self.job.dtype, profile=self.profile)
         return Written(unbuilt=[note] if note else [])
 
@@ -70,7 +74,7 @@ class TensorrtEngine(Target):
 
         if not torch.cuda.is_available():  # engines run on the GPU they were built for
             raise RunnerUnavailable("a TensorRT engine needs an NVIDIA GPU and a CUDA build of torch")
-        from lpes.validation.trt_runner import TrtCausalLM
+        from lpes.exporters.tensorrt_runner import TrtCausalLM
 
         runner = TrtCausalLM(folder)
         return OpenedExport(runner, type(runner).__name__, runner.dtype)

@@ -4,37 +4,61 @@ A target says, in one class, everything the pipeline and the validation report n
 
 - `name`, `folder` (where it goes inside the output folder; "." is the folder itself)
   and `marker` (a file that is there when the export is);
+- `label` (how the validation plot names it), `layout` (its line in lpes-convert --help),
+  `default` (converted when --to is not given), `holds_spec` (its folder keeps lpes_spec.json,
+  where lpes-validate looks for it), `uploads` (what --push-to-hub uploads), `generates`
+  (what lpes-generate runs);
 - `needs`: targets whose output it is built from (TensorRT builds from the ONNX export);
 - `add_arguments` / `options`: its own command-line flags;
 - `check`: everything that can fail before a weight is read (plan time);
 - `write`: the export itself, into its folder of the staging output;
-- `open`: a greedy runner over a written export, for key-value validation
-  (raises `RunnerUnavailable` where this machine cannot run it);
+- `open`: a greedy runner over a written export, for key-value validation (an
+  `exporters.runners.GreedyRunner`; raises `RunnerUnavailable` where this machine cannot run it);
 - `export_dtype`: the precision the export was written in (its disagreement allowance).
 
 Built-in targets live in `exporters/target_*.py` and are found by that name, so
-adding a target is one new file (or, in a test, one registered class).
+adding a target is one new file (or, in a test, one registered class): how to run what it
+writes lives beside it (`exporters/onnx_runner.py` for `target_onnx.py`, ...), and the rest of
+lpes (the pipeline, validation, the plots, the CLI) reaches it through this class only.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import pkgutil
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from lpes.errors import LpesError
+from lpes.exporters.runners import GreedyRunner
 from lpes.spec import Spec
-
-if TYPE_CHECKING:
-    from lpes.validation.report import ValidationReport
 
 
 class RunnerUnavailable(Exception):
     """An export is present but cannot run here (no GPU, runtime not installed)."""
+
+
+def require(module: str, extra: str) -> None:
+    """RunnerUnavailable unless `module` is installed (validation then skips the export)."""
+    if importlib.util.find_spec(module) is None:
+        raise RunnerUnavailable(f"{module} is not installed (pip install 'lpes[{extra}]')")
+
+
+class Validated(Protocol):
+    """What `Target.finish` reads of a validation (`lpes.validation.results.ValidationReport`)."""
+
+    verdict: str
+    searched_on: str | None
+
+    def markdown(self) -> str: ...
+
+    def measured(self) -> Any: ...
+
+    def verdict_reason(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -72,7 +96,7 @@ class Written:
 
 @dataclass
 class OpenedExport:
-    runner: Any  # a scoring.GreedyRunner
+    runner: GreedyRunner
     note: str  # the runtime, shown in the table (e.g. the onnxruntime provider)
     dtype: str
 
@@ -86,6 +110,12 @@ class Target:
     order: ClassVar[int] = 100  # position in the pipeline (and in the validation table)
     needs: ClassVar[tuple[str, ...]] = ()
     help: ClassVar[str] = ""
+    label: ClassVar[str] = ""  # the validation plot's name for it (default "LPES, NAME export")
+    layout: ClassVar[str] = ""  # its line under "Targets go into one folder" in lpes-convert --help (default help)
+    default: ClassVar[bool] = False  # converted when --to is not given
+    holds_spec: ClassVar[bool] = False  # its folder holds lpes_spec.json (lpes-validate reads it there)
+    uploads: ClassVar[bool] = False  # what --push-to-hub uploads
+    generates: ClassVar[bool] = False  # what lpes-generate runs
 
     def __init__(self, job: ExportJob, options: dict[str, Any] | None = None):
         self.job = job
@@ -115,21 +145,31 @@ class Target:
         """Write the export into `folder` (created; empty unless it is the output folder itself)."""
         raise NotImplementedError
 
-    def finish(self, folder: Path, validation: ValidationReport | None) -> None:
+    def finish(self, folder: Path, validation: Validated | None) -> None:
         """After validation (None: it did not run): files that include its result (the model card)."""
 
     @classmethod
     def find(cls, out_dir: Path) -> Path | None:
+        """Its folder inside the output folder `out_dir`, when the export is there."""
         folder = Path(out_dir) / cls.folder
         return folder if (folder / cls.marker).is_file() else None
 
     @classmethod
     def open(cls, folder: Path, run: RunContext) -> OpenedExport:
+        """A greedy runner over the export in `folder`, for key-value validation."""
         raise RunnerUnavailable(f"lpes has no runner for {cls.name} exports")
 
     @classmethod
     def export_dtype(cls, folder: Path, run: RunContext) -> str:
+        """The precision the export in `folder` was written in."""
         return "float32"
+
+    @classmethod
+    def help_line(cls) -> str:
+        """Its entry under "Targets go into one folder" in lpes-convert --help (continuation lines indented)."""
+        path = "OUT/" if cls.folder == "." else f"OUT/{cls.folder}/"
+        first, *rest = (cls.layout or f"{cls.name}: {cls.help}").splitlines()
+        return "\n".join([f"  {path:<15}{first}"] + [" " * 17 + line for line in rest])
 
 
 _REGISTRY: dict[str, type[Target]] = {}
@@ -177,10 +217,22 @@ def parse_targets(text: str | Iterable[str]) -> list[type[Target]]:
     return [cls for name, cls in known.items() if name in wanted]
 
 
+def default_targets() -> str:
+    """What --to converts when it is not given (comma-separated)."""
+    return ",".join(name for name, cls in registry().items() if cls.default)
+
+
+def targets_where(flag: str) -> list[type[Target]]:
+    """The registered targets whose class attribute `flag` (holds_spec, uploads, generates) is set, in order."""
+    return [cls for cls in registry().values() if getattr(cls, flag)]
+
+
 def add_target_arguments(parser: argparse.ArgumentParser) -> None:
+    """Every target's own flags, on lpes-convert's parser."""
     for cls in registry().values():
         cls.add_arguments(parser)
 
 
 def target_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """Per target name: the values of its own flags (`Target.options_from`)."""
     return {name: cls.options_from(args) for name, cls in registry().items()}

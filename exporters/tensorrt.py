@@ -180,7 +180,7 @@ PROG = "python -m lpes.exporters.tensorrt"
 
 def main(argv: list[str] | None = None) -> int:
     """python -m lpes.exporters.tensorrt ONNX_DIR OUT_DIR --dtype D [profile flags]: build on this machine."""
-    from lpes.cli import run_command
+    from lpes.errors import run_command
 
     return run_command(PROG, _build_here, argv)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from lpes.exporters.tensorrt_build import BuildPlan
 from lpes.exporters.tensorrt_profiles import trtexec_shape_flags
-from lpes.spec import write_text_atomic
+from lpes.files import write_text_atomic
 
 ENGINE_FILE = "model.engine"
 SIDECAR_FILE = "model.engine.json"
@@ -87,7 +87,7 @@ and the tensorrt Python package installed, which also writes the sidecar `{SIDEC
 
 Then generate with the engine and its KV cache:
 
-    from lpes.validation.trt_runner import TrtCausalLM
+    from lpes.exporters.tensorrt_runner import TrtCausalLM
     TrtCausalLM(".").greedy([[1, 2, 3]], max_new_tokens=16)
 """
 

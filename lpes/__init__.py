@@ -6,15 +6,9 @@
     lpes.convert("lpes-tiny-kv", spec, "out", targets=["hf", "onnx"])
 """
 
-from importlib.metadata import PackageNotFoundError, version
-
 from lpes.errors import LpesError
 from lpes.spec import Curve, RopeScheme, Spec, dump_spec, load_spec
-
-try:
-    __version__ = version("lpes")
-except PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0.0.0"
+from lpes.version import __version__
 
 
 def apply(model, spec: Spec):
@@ -28,8 +22,9 @@ def apply(model, spec: Spec):
     return apply_reference(model, spec)
 
 
-def convert(model: str, spec: Spec | str, out: str, targets=("hf",), **options):
-    """Python form of `lpes-convert`; see lpes.convert_pipeline.convert for the options."""
+def convert(model: str, spec: Spec | str, out: str, targets=None, **options):
+    """Python form of `lpes-convert` (`targets` None: its default, the Hub folder); see
+    lpes.convert_pipeline.convert for the options."""
     from lpes.convert_pipeline import convert as run
 
     return run(model, spec, out, targets=targets, **options)

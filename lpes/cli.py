@@ -9,13 +9,10 @@ validated": a check was skipped, e.g. key-value scoring over the time budget).
 from __future__ import annotations
 
 import argparse
-import errno
-import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
-from lpes.errors import ArgumentParser, LpesError
+from lpes.errors import ArgumentParser, LpesError, run_command
 
 # Exit status per verdict (validation.report): a check that did not run is not a pass.
 EXIT_STATUS = {"passed": 0, "failed": 1, "not validated": 3}
@@ -29,12 +26,7 @@ examples:
 MODEL is a bundled short name (lpes-tiny-kv), a local Hugging Face folder, or a Hub id
 (downloaded when online). The spec (--curve) holds per-layer scales or a Bezier curve
 (see README, "The spec file"). Targets go into one folder:
-  OUT/           hf: the Hub folder (load with trust_remote_code=True)
-  OUT/onnx/      onnx: model.onnx with KV cache, checked against the PyTorch reference
-  OUT/tensorrt/  tensorrt, experimental: never built here (no machine of this project has
-                 TensorRT): engine built from OUT/onnx on an NVIDIA GPU with tensorrt, else
-                 OUT/tensorrt/trtexec.sh to build it there, and exit 2
-  OUT/genai/     genai: onnxruntime-genai package with per-layer RoPE caches
+{targets}
 Unless --no-validate, the folder is then validated as lpes-validate does (see its --help):
 the task the curve was searched on (recorded in the spec: --data, chat template, answer
 budget; each flag given here replaces its part, and says so), else the model's own task,
@@ -43,7 +35,7 @@ minutes here it is skipped with the command to run it.
 Exit status: 0 passed, 1 validation failed (report printed), 2 bad input, or a target this
 machine cannot build (tensorrt without tensorrt or a GPU: the rest is written, with the
 recipe), 3 not validated (a check was skipped; the report says which and how to run it).
-"""
+{data}"""
 
 EXAMPLES_VALIDATE = """\
 examples (README's commands after make demo write the first folder, its lpes-tiny-kv commands the second):
@@ -52,26 +44,9 @@ examples (README's commands after make demo write the first folder, its lpes-tin
   lpes-validate llama-lpes --model meta-llama/Llama-3.2-1B --data kv:pairs=75,examples=10
   lpes-validate llama-lpes --data kv-retrieval-75_keys.jsonl.gz
 
---data TASK:field=value,... (lists joined by +, no quoting needed). Fields left out come
-from the model folder's lpes_task.json when it names the same task, then from the task's
-defaults. Without --data: the task the spec was searched on (its --data, chat template and
-answer budget), else the model folder's own task, else kv with 75 pairs. The forms, with the
-values a field left out gets (tiny-kv: lpes-tiny-kv's lpes_task.json):
-  tiny-kv:pairs=16,length=1024,examples=20,seed=0   the bundled model's task (validation/tiny_kv.py):
-                                                    pairs facts in a prompt of length positions
-  kv:pairs=75,examples=25,seed=0                    the lost-in-the-middle task: UUID keys and values,
-                                                    generated as the benchmark does
-  kv:file=FILE.jsonl,examples=N                     the benchmark's own records: the held-out half
-                                                    of the file (all of it, or its first N)
-  FILE.jsonl or FILE.jsonl.gz                       the same as kv:file=FILE
-examples counts examples per gold index: lpes-tiny-kv has 5 gold indices (0 4 8 12 15), so
-its default is 20 x 5 = 100 prompts and tiny-kv:examples=8 is 8 x 5 = 40. gold (the positions
-of the needed pair, 0 = first) defaults to the model's lpes_task.json, else the paper's
-indices for 75, 140 or 300 pairs (0+24+49+74 for 75), else 5 evenly spaced. Generated
-examples come from seed 2*seed+1 and lpes-search's from 2*seed; a benchmark file is split in
-two halves that share no record (by the SHA-256 of each record), lpes-search calibrating on
-one and validation reading the other, so validation never reuses a calibration example.
-Exit status: 0 passed (every planned check ran and held), 1 failed, 2 bad input, 3 not
+Without --data: the task the spec was searched on (its --data, chat template and answer
+budget), else the model folder's own task, else kv with 75 pairs.
+{data}Exit status: 0 passed (every planned check ran and held), 1 failed, 2 bad input, 3 not
 validated (a check was skipped: the report says why and prints the command that runs it).
 A run that does not pass keeps earlier scored results in DIR (it writes validation.skipped.*
 or validation.failed.* beside them).
@@ -90,74 +65,22 @@ no end-of-sequence token, so without --max-new-tokens 1 it writes on past the an
 """
 
 
-# OS errors the user's machine causes (full disk, file size limit, permissions, a bad path):
-# one line and exit 2 like any user error, with what to look at.
-USER_OS_ERRORS = {
-    errno.ENOSPC: "the disk is full",
-    errno.EDQUOT: "the disk quota is used up",
-    errno.EFBIG: "a file size limit (ulimit -f) or the filesystem's",
-    errno.EACCES: "check the permissions",
-    errno.EPERM: "check the permissions",
-    errno.EROFS: "the filesystem is read-only",
-    errno.ENAMETOOLONG: "shorten the path",
-    errno.ENOTDIR: "a part of the path is a file",
-    errno.EISDIR: "a folder where a file was expected",
-    errno.ELOOP: "too many symbolic links",
-}
-
-
-def run_command(prog: str, main: Callable[[list[str] | None], int], argv: list[str] | None) -> int:
-    """Run a command's `main(argv)` the way every lpes command ends: user errors as one line and exit 2.
-
-    SIGINT and SIGTERM end it with exit 130 and nothing written (lpes/interrupts.py); staging
-    folders that killed runs left anywhere are reported first (lpes/outputs.py).
-    """
-    from lpes.interrupts import handling_interrupts
-
-    with handling_interrupts():
-        return _run(prog, main, argv)
-
-
-def _run(prog: str, main: Callable[[list[str] | None], int], argv: list[str] | None) -> int:
-    from lpes.interrupts import check_interrupted
-    from lpes.outputs import report_stale_staging
-
-    try:
-        report_stale_staging(prog)
-        code = main(argv)
-        check_interrupted()  # a signal Python dropped (in a callback) still ends the run as interrupted
-        return code
-    except LpesError as err:
-        print(f"{prog}: error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted; nothing was left half-written", file=sys.stderr)
-        return 130
-    except OSError as err:
-        if err.errno not in USER_OS_ERRORS:
-            raise
-        # A copy that fills the disk reports its source as filename and its destination as filename2.
-        full = err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-        target = err.filename2 if full and err.filename2 else err.filename
-        where = f": {target}" if target else ""
-        print(f"{prog}: error: {err.strerror or os.strerror(err.errno)}{where} ({USER_OS_ERRORS[err.errno]})",
-              file=sys.stderr)
-        return 2
-
-
 def _convert_parser() -> argparse.ArgumentParser:
-    from lpes.exporters.targets import add_target_arguments, registry
+    from lpes.exporters.targets import add_target_arguments, default_targets, registry
+    from lpes.validation.tasks import DATA_FLAG, DATA_HELP
 
     parser = ArgumentParser(
         prog="lpes-convert",
         description="Bake an LPES spec into a model: Hub folder, ONNX, onnxruntime-genai, or TensorRT "
         "(experimental: never built here).",
-        epilog=EXAMPLES_CONVERT,
+        epilog=EXAMPLES_CONVERT.format(targets="\n".join(cls.help_line() for cls in registry().values()),
+                                       data=DATA_HELP),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("model", help="bundled short name, local model folder, or Hub id")
     parser.add_argument("--curve", "--spec", dest="spec", required=True, help="spec file (best.json) from lpes-search")
-    parser.add_argument("--to", default="hf", help=f"comma-separated targets from {','.join(registry())} (default: hf)")
+    parser.add_argument("--to", default=default_targets(),
+                        help=f"comma-separated targets from {','.join(registry())} (default: {default_targets()})")
     parser.add_argument("--out", required=True, help="output folder (written atomically)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
                         help="precision of the ONNX/TensorRT export (default: float32)")
@@ -166,8 +89,8 @@ def _convert_parser() -> argparse.ArgumentParser:
                         help="skip parity and key-value validation (not recommended)")
     parser.add_argument("--push-to-hub", metavar="REPO_ID", help="upload the Hub folder to this repo when done")
     parser.add_argument("--data", default=None,
-                        help="validation examples, as lpes-validate --data (default: the task the curve was "
-                        "searched on, from the spec, else the model's own task)")
+                        help="validation examples: " + DATA_FLAG + "the task the curve was searched on, from the "
+                        "spec, else the model's own task")
     add_task_arguments(parser)
     parser.add_argument("--max-minutes", type=float, default=20.0,
                         help="validation: skip the key-value scoring when its estimate is longer, and say how to "
@@ -200,9 +123,11 @@ def _convert(argv: list[str] | None) -> int:
     from lpes.exporters.targets import target_options
 
     args = _convert_parser().parse_args(argv)
-    options = ConvertOptions(args.model, args.spec, args.out, args.to, args.dtype, args.force, args.validate,
-                             args.push_to_hub, args.data, _max_seconds(args.max_minutes), args.chat_template,
-                             args.answer_tokens, target_options(args))
+    options = ConvertOptions(model=args.model, spec=args.spec, out=args.out, targets=args.to, dtype=args.dtype,
+                             force=args.force, validate=args.validate, push_to_hub=args.push_to_hub, data=args.data,
+                             max_validation_seconds=_max_seconds(args.max_minutes),
+                             chat_template=args.chat_template, answer_tokens=args.answer_tokens,
+                             target_options=target_options(args))
     result = execute(plan(options))
     for report in result.reports:
         print(report)
@@ -221,20 +146,23 @@ def _convert(argv: list[str] | None) -> int:
 
 def _validate_parser() -> argparse.ArgumentParser:
     from lpes.converter.loading import DEFAULT_MODEL
+    from lpes.exporters.targets import registry
+    from lpes.validation.tasks import DATA_FLAG, DATA_HELP
 
+    exports = ", ".join(f"DIR/{cls.folder}" for cls in registry().values() if cls.folder != ".")
     parser = ArgumentParser(
         prog="lpes-validate",
         description="Key-value retrieval accuracy by gold position for the unscaled model, the LPES reference, "
-        "and every export found in DIR (DIR/onnx, DIR/tensorrt). Writes validation.json/.md/.png into DIR, and "
+        f"and every export found in DIR ({exports}). Writes validation.json/.md/.png into DIR, and "
         "rewrites DIR's model card (README.md) with them when they replace the earlier ones.",
-        epilog=EXAMPLES_VALIDATE,
+        epilog=EXAMPLES_VALIDATE.format(data=DATA_HELP),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("dir", type=Path, help="an lpes-convert output folder (holds lpes_spec.json)")
     parser.add_argument("--model", default=None, help=f"base model (default: from the spec, else {DEFAULT_MODEL})")
     parser.add_argument("--data", default=None,
-                        help="TASK:field=value,... or FILE.jsonl (forms below; default: the model folder's "
-                        "own task, lpes_task.json, else kv with 75 pairs)")
+                        help=DATA_FLAG + "the task the curve was searched on, from the spec, else the model "
+                        "folder's own task, lpes_task.json, else kv with 75 pairs")
     add_task_arguments(parser)
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"],
                         help="precision of the PyTorch reference (default auto: float32 on a CPU, where half "
@@ -246,15 +174,10 @@ def _validate_parser() -> argparse.ArgumentParser:
 
 
 def _validate(argv: list[str] | None) -> int:
-    from lpes.converter.loading import (
-        DEFAULT_MODEL,
-        check_device,
-        default_dtype,
-        load_config,
-        resolve_model,
-        searched_elsewhere,
-    )
-    from lpes.converter.trust import check_hub_code, check_received_folder
+    from lpes.converter.loading import DEFAULT_MODEL, load_config, resolve_model, searched_elsewhere
+    from lpes.converter.trust import check_hub_code
+    from lpes.devices import check_device, default_dtype
+    from lpes.exporters.received import check_received_folder
     from lpes.search.run import check_answer_tokens
     from lpes.validation.report import find_spec, resolve_task, validate
 
@@ -264,34 +187,40 @@ def _validate(argv: list[str] | None) -> int:
     if not args.dir.is_dir():
         raise LpesError(f"{args.dir} is not a folder" if args.dir.exists() else f"folder not found: {args.dir}")
     check_hub_code(args.dir)  # before anything imports the folder's code (converter/trust.py)
-    check_received_folder(args.dir)  # and before any runtime opens a file or library the folder names
+    check_received_folder(args.dir)  # and before a runtime opens a file or library it names (exporters/received.py)
     spec = find_spec(args.dir)
     model = args.model or spec.provenance.get("base_model") or DEFAULT_MODEL
     model_path = resolve_model(model)
-    elsewhere = searched_elsewhere(spec.searched_model, model_path, load_config(model_path), model)
+    config = load_config(model_path)
+    elsewhere = searched_elsewhere(spec.searched_model, model_path, config, model)
     if elsewhere:
         print(f"lpes-validate: warning: {elsewhere}", file=sys.stderr)
+    spec = spec.for_layers(config.num_hidden_layers)  # resolved once: validate() takes it as it is
     device = check_device(args.device)
     dtype = default_dtype(device) if args.dtype == "auto" else args.dtype
-    override = resolve_task(model_path, spec, args.data, args.chat_template, args.answer_tokens).override
-    if override:
-        print(f"lpes-validate: {override}", file=sys.stderr)
+    task = resolve_task(model_path, spec, args.data, args.chat_template, args.answer_tokens)
+    if task.override:
+        print(f"lpes-validate: {task.override}", file=sys.stderr)
     report = validate(model_path, args.dir, spec, data=args.data, chat_template=args.chat_template,
                       answer_tokens=args.answer_tokens, reference_dtype=dtype, device=device,
-                      max_seconds=max_seconds, model_name=model, shown_dir=args.dir, shown_model=model)
+                      max_seconds=max_seconds, model_name=model, shown_dir=args.dir, shown_model=model,
+                      config=config, task=task)
     print(report.format())
     print("wrote " + ", ".join(str(p) for p in report.files))
     return EXIT_STATUS[report.verdict]
 
 
 def _generate_parser() -> argparse.ArgumentParser:
+    from lpes.exporters.targets import targets_where
+
+    (target,) = targets_where("generates")
     parser = ArgumentParser(
         prog="lpes-generate",
         description="Greedy generation with an lpes ONNX export in onnxruntime (KV cache, tokenizer from DIR).",
         epilog=EXAMPLES_GENERATE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("dir", type=Path, help="ONNX folder (OUT/onnx) or an lpes-convert output folder")
+    parser.add_argument("dir", type=Path, help=f"ONNX folder (OUT/{target.folder}) or an lpes-convert output folder")
     parser.add_argument("prompt", help="text for DIR's tokenizer (quote it: it holds spaces)")
     parser.add_argument("--max-new-tokens", type=int, default=32,
                         help="stop after this many tokens, or at the model's end token (default %(default)s)")
@@ -301,17 +230,17 @@ def _generate_parser() -> argparse.ArgumentParser:
 
 
 def _generate(argv: list[str] | None) -> int:
-    from lpes.validation.ort_runner import generate_text
+    from lpes.generate import generate_text
 
     args = _generate_parser().parse_args(argv)
     if args.max_new_tokens < 1:
         raise LpesError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
-    onnx_dir = args.dir / "onnx" if (args.dir / "onnx" / "model.onnx").is_file() else args.dir
-    if not (onnx_dir / "model.onnx").is_file():
-        raise LpesError(f"no model.onnx in {args.dir}")
-    from lpes.converter.trust import check_received_folder
+    from lpes.exporters.received import check_received_folder
+    from lpes.generate import export_folder
 
-    check_received_folder(onnx_dir)  # names no file outside it, no library (converter/trust.py)
+    onnx_dir = export_folder(args.dir)
+
+    check_received_folder(onnx_dir)  # names no file outside it, no library (exporters/received.py)
     text = generate_text(onnx_dir, args.prompt, args.max_new_tokens, chat_template=args.chat_template)
     print(text)
     if not text.strip():

@@ -28,7 +28,7 @@ from lpes.converter.loading import (
 )
 from lpes.converter.reference import check_layout, check_rope_scheme
 from lpes.errors import LpesError
-from lpes.exporters.targets import ExportJob, Target, parse_targets
+from lpes.exporters.targets import ExportJob, Target, default_targets, parse_targets, targets_where
 from lpes.outputs import check_output_folder, staged_output
 from lpes.spec import Spec, load_spec
 
@@ -43,7 +43,7 @@ class ConvertOptions:
     model: str
     spec: Spec | str | os.PathLike
     out: str | os.PathLike
-    targets: str | Sequence[str] = "hf"
+    targets: str | Sequence[str] | None = None  # None: the registry's default targets
     dtype: str = "float32"
     force: bool = False
     validate: bool = True
@@ -69,6 +69,7 @@ class ConvertPlan:
     chat_template: bool | None = None
     answer_tokens: int | None = None
     shown_model: str = ""  # the model as the user typed it (the commands the report prints name it so)
+    task: Any = None  # validation.report.ResolvedTask: the examples validation scores, resolved at plan time
 
     @property
     def target_names(self) -> list[str]:
@@ -92,7 +93,7 @@ class ConvertResult:
 
 def plan(options: ConvertOptions) -> ConvertPlan:
     """Check every input; raise LpesError with one line for the first problem found."""
-    target_classes = parse_targets(options.targets)
+    target_classes = parse_targets(options.targets if options.targets is not None else default_targets())
     check_dtype(options.dtype)
     model_path = resolve_model(options.model)
     config = load_config(model_path)
@@ -102,18 +103,17 @@ def plan(options: ConvertOptions) -> ConvertPlan:
     check_layout(config)
     check_rope_scheme(config, spec.rope)  # per-layer yarn/dynamic need a model whose own RoPE is plain
     out = check_output_folder(options.out, model_path, options.force)
-    task_note = None
+    task = None
     if options.validate:  # a typo in --data, or the search's data file missing, fails now, not after the export
         from lpes.search.run import check_answer_tokens
         from lpes.validation.report import check_task_encodes, resolve_task
 
         check_answer_tokens(options.answer_tokens)
         task = resolve_task(model_path, spec, options.data, options.chat_template, options.answer_tokens)
-        task_note = task.override
         check_task_encodes(model_path, task, model_label(options.model))  # a tokenizer that fails: now, one line
-    names = [cls.name for cls in target_classes]
-    if options.push_to_hub and "hf" not in names:
-        raise LpesError("--push-to-hub uploads the Hub folder; add hf to --to")
+    uploaded = targets_where("uploads")
+    if options.push_to_hub and not set(uploaded) & set(target_classes):
+        raise LpesError(f"--push-to-hub uploads the Hub folder; add {','.join(t.name for t in uploaded)} to --to")
     if options.push_to_hub:
         from lpes.converter.hub import check_push_target
 
@@ -124,10 +124,11 @@ def plan(options: ConvertOptions) -> ConvertPlan:
     targets = [cls(job, options.target_options.get(cls.name)) for cls in target_classes]
     for target in targets:
         target.check()
-    notes = [note for t in targets if (note := t.plan_note())] + ([task_note] if task_note else [])
-    return ConvertPlan(job, out, targets, options.force, options.push_to_hub, options.data,
-                       options.max_validation_seconds, notes, options.chat_template, options.answer_tokens,
-                       str(options.model))
+    notes = [note for t in targets if (note := t.plan_note())] + ([task.override] if task and task.override else [])
+    return ConvertPlan(job, out, targets, force=options.force, push_to_hub=options.push_to_hub, data=options.data,
+                       max_validation_seconds=options.max_validation_seconds, notes=notes,
+                       chat_template=options.chat_template, answer_tokens=options.answer_tokens,
+                       shown_model=str(options.model), task=task)
 
 
 def _warn_if_made_for_another_model(spec: Spec, config, model_path: Path, model_name: str) -> None:
@@ -139,12 +140,12 @@ def _warn_if_made_for_another_model(spec: Spec, config, model_path: Path, model_
 
 def _with_provenance(spec: Spec, config, model_path: Path, model_name: str) -> Spec:
     """The spec as the output holds it: `model` stays the model it was searched on (this one if it says none)."""
-    import lpes
+    from lpes.version import __version__
 
     provenance = dict(spec.provenance)
     provenance.setdefault("model", model_fingerprint(config, model_path, model_name))
     provenance["base_model"] = model_label(model_name)
-    provenance["lpes_version"] = lpes.__version__
+    provenance["lpes_version"] = __version__
     return replace(spec, provenance=provenance)
 
 
@@ -179,9 +180,9 @@ def run_targets(plan: ConvertPlan, staging: Path, result: ConvertResult) -> None
         target.finish(staging / target.folder, report)
 
 
-def convert(model: str, spec, out, targets: str | Sequence[str] = "hf", **options) -> ConvertResult:
+def convert(model: str, spec, out, targets: str | Sequence[str] | None = None, **options) -> ConvertResult:
     """Plan and execute in one call (the Python form of lpes-convert)."""
-    return execute(plan(ConvertOptions(model, spec, out, targets, **options)))
+    return execute(plan(ConvertOptions(model=model, spec=spec, out=out, targets=targets, **options)))
 
 
 def _progress(message: str) -> None:
@@ -195,7 +196,7 @@ def _validate(plan: ConvertPlan, staging: Path, result: ConvertResult) -> Valida
     report = validate(plan.job.model_path, staging, plan.job.spec, data=plan.data, chat_template=plan.chat_template,
                       answer_tokens=plan.answer_tokens, variants=plan.target_names, model_name=plan.job.model_name,
                       shown_dir=plan.out, shown_model=plan.shown_model or None,
-                      max_seconds=plan.max_validation_seconds)
+                      max_seconds=plan.max_validation_seconds, config=plan.job.config, task=plan.task)
     result.reports.append(report.format())
     result.passed &= report.verdict != "failed"
     result.validated &= report.verdict == "passed"

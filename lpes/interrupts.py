@@ -11,7 +11,7 @@ An exception raised there inside a weakref callback, a `__del__` or a finalizer 
   when a command returns. A signal that arrived anywhere is therefore never lost;
 - a KeyboardInterrupt that Python reports as unraisable is not printed (it is recorded).
 
-`handling_interrupts()` installs this for the duration of a command (lpes.cli.run_command);
+`handling_interrupts()` installs this for the duration of a command (lpes.errors.run_command);
 `shielded()` holds both signals back while a cleanup runs (they are delivered after it).
 """
 

@@ -12,7 +12,7 @@ files: empty, the working directory or a folder holding it, the model folder, in
 holding it, a file, or a folder lpes did not write. `staged_output` (execute time) takes
 the lock, repairs what a killed run left, yields the staging folder and, when the body
 finishes, swaps it in atomically. `check_output_file` is the same idea for a single file
-(lpes-search's spec), whose write is atomic by itself (lpes.spec.write_text_atomic);
+(lpes-search's spec), whose write is atomic by itself (lpes.files.write_text_atomic);
 `locked_output` gives such a file its lock. A name beside OUT that holds something lpes did
 not make (a planted symbolic link) is refused, never followed. Staging folders are recorded
 in the user's state folder while they exist, so that every later command reports one a
@@ -38,6 +38,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from lpes.devices import format_bytes
 from lpes.errors import LpesError
 from lpes.files import fsync_path
 from lpes.interrupts import check_interrupted, shielded
@@ -101,7 +102,7 @@ def check_files_beside(out: Path, names: list[str], need_bytes: int) -> None:
                             f"longer than this filesystem allows ({name_max} bytes); shorten the name")
     free = shutil.disk_usage(ancestor).free
     if free < need_bytes:
-        raise LpesError(f"{ancestor} has {_format_size(free)} free; this run writes up to {_format_size(need_bytes)} "
+        raise LpesError(f"{ancestor} has {format_bytes(free)} free; this run writes up to {format_bytes(need_bytes)} "
                         "there (free some space or choose another --out)")
     try:
         with tempfile.NamedTemporaryFile(dir=ancestor, prefix=".lpes-probe-") as probe:
@@ -323,10 +324,10 @@ def _staging_folders(out: Path) -> list[Path]:
 
 
 def _write_marker(staging: Path) -> None:
-    import lpes
+    from lpes.version import __version__
 
     # No paths of this machine: the folder may be published as it is.
-    text = json.dumps({"format": MARKER_FORMAT, "written_by": f"lpes {lpes.__version__}"}) + "\n"
+    text = json.dumps({"format": MARKER_FORMAT, "written_by": f"lpes {__version__}"}) + "\n"
     (staging / MARKER).write_text(text)
 
 
@@ -436,7 +437,7 @@ def report_stale_staging(prog: str) -> list[Path]:
             _unregister_staging(path)
             continue
         stale.append(path)
-        print(f"{prog}: note: {path} ({_format_size(_size(path))}) was left by an interrupted lpes run (pid {pid}); "
+        print(f"{prog}: note: {path} ({format_bytes(_size(path))}) was left by an interrupted lpes run (pid {pid}); "
               f"remove it with: rm -rf {shlex.quote(str(path))} (a run writing the same --out also removes it)",
               file=sys.stderr, flush=True)
     return stale
@@ -465,13 +466,3 @@ def _size(folder: Path) -> int:
             except OSError:
                 pass
     return total
-
-
-def _format_size(size: float) -> str:
-    if size < 1024:
-        return f"{size:.0f} bytes"
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        size /= 1024
-        if size < 1024 or unit == "TiB":
-            return f"{size:.1f} {unit}"
-    return ""

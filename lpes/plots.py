@@ -1,4 +1,5 @@
-"""PNG plots shared by the stages (matplotlib, headless), each written atomically.
+"""PNG plots of the curve and the search (matplotlib, headless), each written atomically, and the helpers
+every stage's plots share (validation draws its accuracy plot with them: validation/accuracy_plot.py).
 
 Each plot is meant to be read without the paper: a title that says what was measured and
 on what, axes with units, the legend outside the data, and lines that stay visible where
@@ -9,19 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from lpes.files import save_atomic
 from lpes.spec import Spec, StockRope
-
-if TYPE_CHECKING:
-    from lpes.validation.report import ValidationReport, VariantResult
 
 _MAX_LABELLED_TICKS = 16  # beyond this many layers, label every k-th (a round step) so the numbers stay legible
 _TICK_STEPS = (1, 2, 4, 5, 8, 10, 16, 20, 25, 32, 50, 64, 100, 128, 250, 256, 500, 512, 1000, 1024)
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib's pyplot on the headless Agg backend."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -30,14 +28,15 @@ def _pyplot():
     return plt
 
 
-def _save(fig, path: Path) -> Path:
+def save_figure(fig, path: Path) -> Path:
+    """Write `fig` to `path` atomically, legends included, and close it."""
     # bbox_inches="tight" keeps the legends placed outside the axes inside the image.
     save_atomic(path, lambda tmp: fig.savefig(tmp, bbox_inches="tight"))
-    _pyplot().close(fig)
+    pyplot().close(fig)
     return Path(path)
 
 
-def _legend_below(ax, columns: int = 2) -> None:
+def legend_below(ax, columns: int = 2) -> None:
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=columns, frameon=False, fontsize="small")
 
 
@@ -55,7 +54,7 @@ def layer_positions(spec: Spec) -> list[float]:
 
 def plot_curve(spec: Spec, path: Path, title: str = "LPES: the RoPE scale of each decoder layer") -> Path:
     """Scale per layer, the Bezier control points (each labelled), s = 1 and the best uniform scale."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=100)
     xs = layer_positions(spec)
     ax.axhline(1.0, color="black", linewidth=0.8, label="s = 1: the model's own RoPE")
@@ -87,8 +86,8 @@ def plot_curve(spec: Spec, path: Path, title: str = "LPES: the RoPE scale of eac
         subtitle += f"; Bezier curve of degree {spec.curve.degree}"
     ax.set_title(f"{title}\n{subtitle}", fontsize="medium")
     ax.grid(alpha=0.3)
-    _legend_below(ax, columns=1)
-    return _save(fig, path)
+    legend_below(ax, columns=1)
+    return save_figure(fig, path)
 
 
 def _layer_ticks(ax, xs: Sequence[float]) -> None:
@@ -124,7 +123,7 @@ def plot_fitness(history: list[dict], path: Path, *, uniform: dict | None = None
     search starts from; `stock` the stock RoPE baselines ({"rope_type", "factor", "fitness"}),
     each drawn at its best factor; `examples` the calibration set's size, for the title.
     """
-    plt = _pyplot()
+    plt = pyplot()
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5.6), dpi=100, sharex=True,
                                       gridspec_kw={"height_ratios": [3, 2]})
     generations = [h["generation"] for h in history]
@@ -150,7 +149,7 @@ def plot_fitness(history: list[dict], path: Path, *, uniform: dict | None = None
     size = f"{examples} calibration examples, " if examples else ""
     top.set_title(f"lpes-search{on}: calibration accuracy by generation\n"
                   f"({size}{len(history) - 1} generations after generation 0)", fontsize="medium")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _plot_work(ax, history: list[dict]) -> None:
@@ -172,87 +171,3 @@ def _plot_work(ax, history: list[dict]) -> None:
 
 def _per_generation(totals: Sequence[int]) -> list[int]:
     return [now - before for before, now in zip([0, *totals], totals)]
-
-
-# ---- validation ----
-
-_EXPORT_LABELS = {
-    "hf": "LPES, Hub folder",
-    "onnx": "LPES, ONNX in onnxruntime",
-    "genai": "LPES, onnxruntime-genai",
-    "tensorrt": "LPES, TensorRT engine",
-}
-_MARKERS = "^v<>ph*"
-
-
-def variant_label(variant: VariantResult) -> str:
-    """A name a reader knows: what ran, and that it is LPES."""
-    from lpes.validation.report import REFERENCE, UNIFORM, UNSCALED
-
-    if variant.name == UNSCALED:
-        return "unscaled model (PyTorch)"
-    if variant.name == REFERENCE:
-        return "LPES (PyTorch reference)"
-    if variant.name.startswith(UNIFORM):
-        return f"best uniform scale, {variant.name[len(UNIFORM):].strip()} (PyTorch)"
-    if variant.baseline:
-        return f"{variant.name}, best on calibration (PyTorch)"
-    label = _EXPORT_LABELS.get(variant.name, f"LPES, {variant.name} export")
-    return f"{label} ({variant.note})" if variant.note else label  # how it ran: provider, custom code or not
-
-
-def _variant_style(variant: VariantResult, n: int) -> dict:
-    from lpes.validation.report import REFERENCE, UNIFORM, UNSCALED
-
-    if variant.name == UNSCALED:
-        return {"marker": "o", "linestyle": "--", "color": "gray"}
-    if variant.name == REFERENCE:
-        return {"marker": "s", "linestyle": "-", "color": "C0", "markersize": 8}
-    if variant.name.startswith(UNIFORM):
-        return {"marker": "D", "linestyle": "-.", "color": "C1"}
-    if variant.baseline:  # the stock RoPE types: dash-dot like the uniform baseline, colours no export takes
-        kind = variant.name.split(" f=")[0]
-        return {"marker": "X" if kind == "YaRN" else "P", "linestyle": "-.", "color": "C8" if kind == "YaRN" else "C9"}
-    # Exports: hollow markers, so one that sits on the reference leaves the reference visible.
-    return {"marker": _MARKERS[n % len(_MARKERS)], "linestyle": ":", "color": f"C{2 + n}",
-            "markerfacecolor": "none", "markeredgewidth": 1.5}
-
-
-def plot_accuracy(report: ValidationReport, path: Path) -> Path:
-    """Accuracy against gold index, one line per scored variant, with the data set in the title."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.6), dpi=100)
-    gold = report.gold_indices
-    scored = [v for v in report.variants if v.scores is not None]
-    # Identical results would draw one line over another: shift each variant a little sideways.
-    gap = min((b - a for a, b in zip(gold, gold[1:])), default=1)
-    step = 0.5 * gap / max(len(scored), 1)
-    exports = 0
-    for i, v in enumerate(scored):
-        by_index = v.scores.accuracy_by_gold_index()
-        offset = (i - (len(scored) - 1) / 2) * step
-        style = _variant_style(v, exports)
-        exports += style["linestyle"] == ":"
-        ax.plot([g + offset for g in by_index], [100 * a for a in by_index.values()],
-                label=f"{variant_label(v)}: {100 * v.scores.accuracy:.1f}% overall", **style)
-    ax.set_xticks(gold)
-    pairs = report.examples[0].num_pairs if report.examples else None
-    among = f" among the {pairs}" if pairs else ""
-    ax.set_xlabel(f"gold index: position of the needed fact{among} (0 = first, farthest from the query)")
-    ax.set_ylabel("accuracy (% answered correctly)")
-    ax.set_ylim(-4, 108)
-    ax.grid(alpha=0.3)
-    ax.set_title(f"Key-value retrieval accuracy by position\n{_data_caption(report)}", fontsize="medium")
-    _legend_below(ax, columns=1)
-    return _save(fig, path)
-
-
-def _data_caption(report: ValidationReport) -> str:
-    total, gold = len(report.examples), report.gold_indices
-    caption = f"{report.model}: {total} examples ({total // max(len(gold), 1)} per gold index)"
-    if report.examples:
-        caption += f", {report.examples[0].num_pairs} facts each"
-    if report.prompt_tokens:
-        low, high = min(report.prompt_tokens), max(report.prompt_tokens)
-        caption += f", prompts of {low} tokens" if low == high else f", prompts of {low}-{high} tokens"
-    return caption + ", greedy decoding"

@@ -69,11 +69,9 @@ import numpy as np
 
 from lpes import bezier
 from lpes.errors import LpesError
-from lpes.files import write_bytes_atomic, write_text_atomic
+from lpes.files import write_bytes_atomic
 
-# Re-exported: lpes.spec was the atomic writers' home before lpes.files; new code imports lpes.files.
-__all__ = ["Curve", "SearchTask", "Spec", "StockRope", "dump_spec", "load_spec", "parse_spec", "write_bytes_atomic",
-           "write_text_atomic"]
+__all__ = ["Curve", "SearchTask", "Spec", "StockRope", "dump_spec", "load_spec", "parse_spec"]
 
 FORMAT = "lpes-spec"
 VERSION = 1

@@ -17,6 +17,7 @@ from lpes.search.run import (
     search,
 )
 from lpes.spec import MAX_DEGREE
+from lpes.validation.tasks import DATA_FLAG, DATA_HELP
 
 DEFAULTS = SearchOptions()
 
@@ -26,25 +27,9 @@ examples:
   lpes-search lpes-tiny-kv --out best.json --population 12 --generations 6
   lpes-search meta-llama/Llama-2-7b-chat-hf --out best.json --data kv:pairs=75,examples=40,gold=0+24+49+74
 
---data TASK:field=value,... (lists joined by +, which needs no quoting); fields left out
-come from the model folder's lpes_task.json when it names the same task, then from the
-task's defaults. The forms, with the values a field left out gets:
-  tiny-kv:pairs=16,length=1024,examples=20,gold=0+4+8+12+15,seed=0
-        the bundled model's task (these values: lpes-tiny-kv's lpes_task.json): pairs facts
-        among filler, prompts of length positions
-  tiny-induction:pairs=16,length=512,examples=20,gold=0+4+8+12+15,seed=0
-        the second bundled model's task (lpes-tiny-induction's, make demo's): facts written
-        "k{key} k{decoy} v{value}" among filler, prompts of length positions
-  kv:pairs=75,examples=25,gold=0+24+49+74,seed=0
-        the lost-in-the-middle task: UUID keys and values, generated as the benchmark does
-  kv:file=FILE.jsonl,examples=N or FILE.jsonl (or .jsonl.gz)
-        the benchmark's own records: the calibration half of the file (all of it, or its first N)
-examples counts examples per gold index: tiny-kv:examples=8 with 5 gold indices is
-8 x 5 = 40 calibration prompts. The held-out examples (--holdout, default 100) come from the
-same description with another seed (2*seed+1; calibration uses 2*seed), or from the other
-half of a benchmark file (split by the SHA-256 of each record, so the halves share no
-record), taken in turn from each gold index, and are capped at what the description holds
-(40 here; the search says so in one line).
+{data}The held-out examples (--holdout, default 100) come from the same description, held out as
+above, taken in turn from each gold index, and are capped at what the description holds (40
+for tiny-kv:examples=8; the search says so in one line).
 
 Fitness (Eq. 7 of the LPES paper) is the share of calibration examples answered correctly,
 checked in one forward pass per example (teacher forcing; see README). Candidates that
@@ -61,19 +46,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(
         prog="lpes-search",
         description="Find the per-layer RoPE scale curve (LPES) for MODEL: CMA-ES (default) or the papers' GA.",
-        epilog=EPILOG,
+        epilog=EPILOG.format(data=DATA_HELP),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("model", help="bundled short name (lpes-tiny-kv), local model folder, or Hub id")
     parser.add_argument("--out", required=True, help="spec file to write (best.json); plots go next to it")
     parser.add_argument("--data", default=None,
-                        help="what to calibrate on (lists joined by +): tiny-kv:examples=N,pairs=P,length=T,gold=I+J "
-                        "(the bundled model's task), kv:pairs=P,examples=N,gold=I+J,seed=S (generated UUID "
-                        "key-value records), or kv:file=FILE.jsonl / FILE.jsonl[.gz] (the benchmark's records). "
-                        "examples counts per gold index (tiny-kv:examples=8 with 5 gold indices: 40 prompts). "
-                        "A file is split in two halves that share no record: calibration and held-out. "
-                        "Default: the model folder's lpes_task.json, else kv with 75 pairs, 25 examples, "
-                        "gold 0+24+49+74")
+                        help="what to calibrate on: " + DATA_FLAG + "the model folder's lpes_task.json, else kv "
+                        "with 75 pairs, 25 examples, gold 0+24+49+74")
     parser.add_argument("--optimizer", default=DEFAULTS.optimizer, choices=list(OPTIMIZERS),
                         help="what breeds the candidates: ga (the papers' genetic algorithm) or cmaes (CMA-ES over "
                         "the same genome and grid); both race exactly and resume alike (default %(default)s)")

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypedDict
 
+from lpes.devices import format_bytes, requested_devices, visible_devices
 from lpes.errors import LpesError
 from lpes.spec import RopeScheme, StockRope
 from lpes.validation.examples import Example
@@ -153,13 +154,6 @@ def open_pool(model_path: Path, tokenizer, examples: list[Example], *, method: s
     return LocalPool([Replica(slot, devices=group, **args) for slot, group in enumerate(groups)], gpus_per_replica)
 
 
-def requested_devices(requested: str | None) -> list[str]:
-    """The comma-separated devices asked for, else every visible GPU, else the CPU."""
-    if requested:
-        return [d.strip() for d in requested.split(",") if d.strip()]
-    return visible_devices()
-
-
 # ---- one replica ----
 
 
@@ -221,14 +215,6 @@ def _batch_size(candidate: Candidate, batch_size: int) -> int:
     return 1 if isinstance(rope, (StockRope, RopeScheme)) and rope.length_dependent else batch_size
 
 
-def visible_devices() -> list[str]:
-    import torch
-
-    if torch.cuda.is_available():
-        return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
-    return ["cpu"]
-
-
 def load_replica(model_path: Path, devices: list[str], dtype: str = "float32"):
     """The model on `devices[0]`, or split over all of `devices` by a planned device map."""
     from lpes.converter.loading import load_config, load_model
@@ -270,14 +256,10 @@ def plan_device_map(config, devices: list[str], dtype: str = "float32",
     # (its buffers are a few KB); accelerate's hooks then carry cos/sin to each layer's device.
     plan[architecture_for(config).patch_kwargs(config)["rotary_path"]] = indices[0]
     if not set(plan.values()) <= set(indices):
-        free = ", ".join(f"{d} {_size(free_bytes[d])}" for d in devices)
+        free = ", ".join(f"{d} {format_bytes(free_bytes[d])}" for d in devices)
         raise LpesError(f"the {dtype} model does not fit on {len(devices)} GPU(s) ({free} free): "
                         "raise --gpus-per-replica")
     return plan
-
-
-def _size(nbytes: float) -> str:
-    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
 
 
 def _cuda_index(device: str) -> int:

@@ -14,15 +14,17 @@ import time
 from dataclasses import asdict, dataclass, replace
 from itertools import zip_longest
 from pathlib import Path
+from typing import Any
 
 from lpes.errors import LpesError
+from lpes.files import write_text_atomic
 from lpes.search.baselines import BaselineResult, describe, parse_baselines, scan_stock_baselines
 from lpes.search.fitness import METHODS, ModelEvaluator, UsageMeter
 from lpes.search.ga import GASettings, GeneticSearch, SearchState
 from lpes.search.genome import ScaleGrid, SearchSpace
 from lpes.search.progress import StepProgress
 from lpes.search.replicas import ReplicaPool, check_replica_options, open_pool
-from lpes.spec import ROPE_SCHEMES, RopeScheme, SearchTask, Spec, StockRope, dump_spec, write_text_atomic
+from lpes.spec import ROPE_SCHEMES, RopeScheme, SearchTask, Spec, StockRope, dump_spec
 
 TIES = ("gentle", "first")
 OPTIMIZERS = ("ga", "cmaes")  # the papers' genetic algorithm; CMA-ES (search/cma.py)
@@ -55,7 +57,7 @@ class SearchOptions:
     holdout: int = 100  # held-out examples for accuracy before/after (the paper held out 500)
     device: str | None = None
     # auto: float32 on a CPU (half-precision matmuls there are slow and inexact), bfloat16 on a GPU
-    # that has it, else float16 (converter.loading.default_dtype); provenance records the one used.
+    # that has it, else float16 (lpes.devices.default_dtype); provenance records the one used.
     dtype: str = "auto"
     method: str = "teacher-forced"
     # At equal fitness prefer the gentler curve: on the bundled model +4 points held out, at 2.4x the
@@ -152,7 +154,7 @@ def _check_range(flag: str, value: int, low: int, high: int) -> None:
 
 def _check_devices(requested: str | None) -> None:
     """Every device asked for exists on this machine (cuda on a CPU-only machine fails here, not after loading)."""
-    from lpes.converter.loading import check_device
+    from lpes.devices import check_device
 
     for name in (requested or "").split(","):
         if name.strip():
@@ -161,8 +163,7 @@ def _check_devices(requested: str | None) -> None:
 
 def resolve_dtype(options: SearchOptions) -> str:
     """The dtype the replicas load: --dtype, or for auto what suits the devices they run on."""
-    from lpes.converter.loading import default_dtype
-    from lpes.search.replicas import requested_devices
+    from lpes.devices import default_dtype, requested_devices
 
     if options.dtype != "auto":
         return options.dtype
@@ -194,18 +195,58 @@ def search(model: str, out: str | Path, options: SearchOptions = SearchOptions()
 SEARCH_OUTPUT_BYTES = 16 * 2**20
 
 
+@dataclass
+class _Plan:
+    """Everything a search needs, checked before a replica loads: the model, the scheme, the data, the settings."""
+
+    model: str  # as the user named it
+    out: Path
+    model_path: Path
+    config: Any
+    rope: RopeScheme
+    task: Any  # tasks.TaskConfig, with --answer-tokens applied
+    examples: list  # calibration
+    holdout: list  # held-out examples scored before and after
+    lengths: list[tuple[int, int]]  # per calibration example: prompt tokens, and with the answer's budget
+    tokenizer: Any
+    grid: ScaleGrid
+    space: SearchSpace
+    settings: GASettings
+    dtype: str  # resolved: "auto" never reaches a replica
+    checkpoint: Path
+
+
+@dataclass
+class _Found:
+    """What the run found: the final state, the curve, the stock baselines, the held-out scores, the layout."""
+
+    state: SearchState
+    spec: Spec
+    baselines: list[BaselineResult]
+    skipped: dict[str, str]
+    held_out: dict
+    layout: Any
+
+
 def _search(model: str, out: Path, options: SearchOptions, force: bool, progress: bool) -> Spec:
-    from lpes.converter.loading import load_config, model_fingerprint, model_label, resolve_model
+    plan = _plan(model, out, options, force)
+    started = time.time()
+    # The resolved dtype, not "auto", decides what may resume: float32 and bfloat16 runs score differently.
+    state = _resume(plan.checkpoint, replace(options, dtype=plan.dtype), plan.model_path, force)
+    found = _run(plan, options, state, progress)
+    spec = replace(found.spec, provenance=_provenance(plan, options, found))
+    _write_outputs(spec, found.state, plan.out)
+    plan.checkpoint.unlink(missing_ok=True)
+    _say_done(plan.out, options, found, time.time() - started)
+    return spec
+
+
+def _plan(model: str, out: Path, options: SearchOptions, force: bool) -> _Plan:
+    """Check the options, the model, the scheme and the data; read the examples and the tokenizer."""
+    from lpes.converter.loading import load_config, model_label, resolve_model
     from lpes.converter.reference import check_layout, check_rope_scheme
     from lpes.outputs import check_output_file, check_outside_model
-    from lpes.validation.report import shareable_data
-    from lpes.validation.tasks import (
-        check_vocabulary,
-        examples_for,
-        portable_description,
-        split_provenance,
-        task_config,
-    )
+    from lpes.validation.tasks import check_vocabulary, examples_for, task_config
 
     grid, settings = check_options(options)
     out = check_output_file(out, force)  # not empty, not a folder, not there without --force (lpes/outputs.py)
@@ -230,55 +271,69 @@ def _search(model: str, out: Path, options: SearchOptions, force: bool, progress
     holdout = _held_out_examples(held_out_data, options.holdout)
     lengths = _lengths(tokenizer, examples)
     _check_scheme_reaches(config, rope, grid, max(n for _, n in lengths))
-    dtype = resolve_dtype(options)
-    checkpoint = out.with_name(out.name + ".state.json")
-    started = time.time()
-    # The resolved dtype, not "auto", decides what may resume: float32 and bfloat16 runs score differently.
-    state = _resume(checkpoint, replace(options, dtype=dtype), model_path, force)
-    key = _settings_key(replace(options, dtype=dtype), model_path)
-    pool = open_pool(model_path, tokenizer, examples, method=options.method, batch_size=options.batch_size,
-                     dtype=dtype, device=options.device, ray=options.ray, replicas=options.replicas,
-                     gpus_per_replica=options.gpus_per_replica)
+    return _Plan(model, out, model_path, config, rope, task, examples, holdout, lengths,
+                 tokenizer, grid, space, settings, resolve_dtype(options), out.with_name(out.name + ".state.json"))
+
+
+def _run(plan: _Plan, options: SearchOptions, state: SearchState | None, progress: bool) -> _Found:
+    """Open the replicas; search (the uniform scan first), score the stock baselines and the held-out examples."""
+    key = _settings_key(replace(options, dtype=plan.dtype), plan.model_path)
+    layers = plan.config.num_hidden_layers
+    pool = open_pool(plan.model_path, plan.tokenizer, plan.examples, method=options.method,
+                     batch_size=options.batch_size, dtype=plan.dtype, device=options.device, ray=options.ray,
+                     replicas=options.replicas, gpus_per_replica=options.gpus_per_replica)
     # Racing chunks start at one example (most hopeless genomes fail at once) and double up to one full
     # batch; with several replicas as many genomes race at once, one chunk each, so chunks do not grow with them.
-    settings = replace(settings, chunk=options.batch_size, first_chunk=1, replicas=pool.size)
-    evaluator = ModelEvaluator(pool, len(examples), rope)
+    settings = replace(plan.settings, chunk=options.batch_size, first_chunk=1, replicas=pool.size)
+    evaluator = ModelEvaluator(pool, len(plan.examples), plan.rope)
     reporter = _Reporter(progress, UsageMeter(evaluator.usage), lambda: evaluator.forward_tokens, options.patience,
                          options.generations)
 
     def after_generation(state: SearchState) -> None:
-        write_text_atomic(checkpoint, json.dumps({"settings_key": key, "state": state.to_json()}))
+        write_text_atomic(plan.checkpoint, json.dumps({"settings_key": key, "state": state.to_json()}))
         reporter(state)
 
     # It scans the uniform scales first and seeds generation 0 with the best: with elitism the
     # curve found can only match or beat it on calibration.
     try:
-        state = search_class(options.optimizer)(space, evaluator, settings, after_generation, reporter.step).run(state)
+        search_loop = search_class(options.optimizer)(plan.space, evaluator, settings, after_generation, reporter.step)
+        state = search_loop.run(state)
         if state.parents[0].fitness <= 0:  # an all-ones curve would be written as if it were a finding
-            checkpoint.unlink(missing_ok=True)
-            raise LpesError(_nothing_scored(pool, tokenizer, examples, config.num_hidden_layers, options, task))
-        best = state.parents[0].genome
-        spec = replace(best.spec(grid, config.num_hidden_layers), rope=rope)
-        baselines, skipped = _stock_baselines(config, options, evaluator, grid, options.batch_size * pool.size,
-                                              progress, max(n for _, n in lengths))
-        if not rope.linear:  # the uniform scan was this stock type's own scan, raced the same way
-            baselines.insert(0, _uniform_as_stock(rope, state, grid))
-        held_out = _held_out(pool, holdout, spec)
-        if task.answer_tokens is None:  # the one-pass check credits an answer only if it starts with the value
-            said = _answers_sample(pool, tokenizer, examples[:8], config.num_hidden_layers, 8)
+            plan.checkpoint.unlink(missing_ok=True)
+            raise LpesError(_nothing_scored(pool, plan.tokenizer, plan.examples, layers, options, plan.task))
+        spec = replace(state.parents[0].genome.spec(plan.grid, layers), rope=plan.rope)
+        baselines, skipped = _stock_baselines(plan.config, options, evaluator, plan.grid,
+                                              options.batch_size * pool.size, progress,
+                                              max(n for _, n in plan.lengths))
+        if not plan.rope.linear:  # the uniform scan was this stock type's own scan, raced the same way
+            baselines.insert(0, _uniform_as_stock(plan.rope, state, plan.grid))
+        held_out = _held_out(pool, plan.holdout, spec)
+        if plan.task.answer_tokens is None:  # the one-pass check credits an answer only if it starts with the value
+            said = _answers_sample(pool, plan.tokenizer, plan.examples[:8], layers, 8)
             if said:
                 print(f"lpes-search: warning: {said} (the unscaled model, on calibration prompts)", file=sys.stderr)
     finally:
         pool.close()
-    provenance = {
-        "model": model_fingerprint(config, model_path, str(model)),  # name, config and weights digests
-        "base_model": model_label(str(model)),  # a local folder by its name: best.json is shared
-        "search": {**asdict(options), **_NO_LAYOUT, "data": portable_description(options.data), "dtype": dtype,
-                   "population": settings.population, "generations_run": state.generation,
+    return _Found(state, spec, baselines, skipped, held_out, pool.layout)
+
+
+def _provenance(plan: _Plan, options: SearchOptions, found: _Found) -> dict:
+    """What best.json records of the search: the model, every setting, the data, the run, the baselines."""
+    from lpes.converter.loading import model_fingerprint, model_label
+    from lpes.validation.report import shareable_data
+    from lpes.validation.tasks import portable_description, split_provenance
+
+    state, rope, holdout, prompts = found.state, plan.rope, plan.holdout, [p for p, _ in plan.lengths]
+    return {
+        "model": model_fingerprint(plan.config, plan.model_path, str(plan.model)),  # name, config, weights digests
+        "base_model": model_label(str(plan.model)),  # a local folder by its name: best.json is shared
+        "search": {**asdict(options), **_NO_LAYOUT, "data": portable_description(options.data), "dtype": plan.dtype,
+                   "population": plan.settings.population, "generations_run": state.generation,
                    "stop_reason": state.stop_reason, "optimizer_version": (state.optimizer or {}).get("version"),
-                   "calibration_examples": len(examples),
-                   "calibration_data": split_provenance(task, "search"),
-                   "held_out_data": split_provenance(task, "validation", -(-len(holdout) // _gold_count(holdout))),
+                   "calibration_examples": len(plan.examples),
+                   "calibration_data": split_provenance(plan.task, "search"),
+                   "held_out_data": split_provenance(plan.task, "validation",
+                                                     -(-len(holdout) // _gold_count(holdout))),
                    "fitness": state.parents[0].fitness, "evaluations": state.evaluations,
                    "raced_out": state.raced_out, "duplicates_skipped": state.duplicates_skipped,
                    "forward_tokens": state.forward_tokens, "tokens_to_best_fitness": state.tokens_to_best,
@@ -287,26 +342,26 @@ def _search(model: str, out: Path, options: SearchOptions, force: bool, progress
                    "best_uniform_scale": state.uniform["scale"] if rope.linear else None,
                    "best_uniform_fitness": state.uniform["fitness"] if rope.linear else None,
                    "uniform_scan_tokens": state.uniform["tokens"],
-                   "stock_baselines": baselines, "stock_baselines_skipped": skipped,
+                   "stock_baselines": found.baselines, "stock_baselines_skipped": found.skipped,
                    # What lpes-convert and lpes-validate validate on unless told otherwise (Spec.search_task).
-                   "task": SearchTask(shareable_data(options.data), options.chat_template, task.answer_tokens,
-                                      (min(p for p, _ in lengths), max(p for p, _ in lengths))).to_json()},
-        "held_out": held_out,
-        "replicas": pool.layout,
+                   "task": SearchTask(shareable_data(options.data), options.chat_template, plan.task.answer_tokens,
+                                      (min(prompts), max(prompts))).to_json()},
+        "held_out": found.held_out,
+        "replicas": found.layout,
     }
-    spec = replace(spec, provenance=provenance)
-    _write_outputs(spec, state, out)
-    checkpoint.unlink(missing_ok=True)
+
+
+def _say_done(out: Path, options: SearchOptions, found: _Found, seconds: float) -> None:
+    """The closing lines: what was written, fitness and held-out accuracy, and any baseline above the curve."""
+    fitness, held_out = found.state.parents[0].fitness, found.held_out
     held = (f"held-out {_score(held_out['unscaled'])} -> {_score(held_out['lpes'])}" if held_out["examples"]
             else f"no held-out examples: --holdout {options.holdout}")
-    print(f"lpes-search: wrote {out} in {time.time() - started:.0f}s (fitness {state.parents[0].fitness:.3f}, "
-          f"{held})", file=sys.stderr)
-    better = [b for b in baselines if b["fitness"] > state.parents[0].fitness]
+    print(f"lpes-search: wrote {out} in {seconds:.0f}s (fitness {fitness:.3f}, {held})", file=sys.stderr)
+    better = [b for b in found.baselines if b["fitness"] > fitness]
     if better:
         names = ", ".join(f"{StockRope(b['rope_type'], b['factor']).name} ({b['fitness']:.3f})" for b in better)
         print(f"lpes-search: on calibration {names} scored above the curve: lpes-validate shows them on "
               "held-out examples", file=sys.stderr)
-    return spec
 
 
 def _stock_baselines(config, options: SearchOptions, evaluator: ModelEvaluator, grid: ScaleGrid, chunk: int,

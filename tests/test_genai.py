@@ -24,8 +24,8 @@ from lpes.converter.reference import apply  # noqa: E402
 from lpes.errors import LpesError  # noqa: E402
 from lpes.exporters import genai_rope  # noqa: E402
 from lpes.exporters.genai import check_genai, export_genai  # noqa: E402
+from lpes.exporters.genai_runner import GenaiGreedy  # noqa: E402
 from lpes.spec import Spec, load_spec  # noqa: E402
-from lpes.validation.genai_runner import GenaiGreedy  # noqa: E402
 
 PROMPT = [1] + list(range(5, 45))  # 41 positions, so the scales move real angles
 NEW_TOKENS = 32

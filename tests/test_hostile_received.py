@@ -466,7 +466,7 @@ def test_every_finding_has_a_row():
 
 
 def test_an_lpes_output_is_accepted(received):
-    from lpes.converter.trust import check_received_folder
+    from lpes.exporters.received import check_received_folder
 
     for folder in (received, received / "onnx", received / "genai", received.parent / "stock"):
         check_received_folder(folder)
@@ -488,7 +488,7 @@ def test_control_the_library_runs_when_genai_opens_the_folder_unchecked(received
     code = f"import onnxruntime_genai as og\ntry:\n    og.Model({str(package)!r})\nexcept Exception:\n    pass\n"
     subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
     assert marker.read_text() == "ran"
-    from lpes.validation.genai_runner import GenaiGreedy
+    from lpes.exporters.genai_runner import GenaiGreedy
 
     marker.unlink()
     with pytest.raises(LpesError, match="libevil.so is a native library"):
@@ -652,7 +652,7 @@ def test_a_full_disk_names_the_destination(capsys):
     """A copy that fills the disk reports its source as filename and its destination as filename2."""
     import errno
 
-    from lpes.cli import run_command
+    from lpes.errors import run_command
 
     def main(argv):
         raise OSError(errno.ENOSPC, "No space left on device", "/model/model.safetensors", None,

@@ -161,7 +161,7 @@ def test_default_gold_indices():
 
 
 def test_description_selects_generated_kv_examples():
-    examples = tasks.load_examples(None, "kv:pairs=10,examples=3,gold=0|5|9,seed=2")
+    examples = tasks.load_examples(None, "kv:pairs=10,examples=3,gold=0+5+9,seed=2")
     assert [e.gold_index for e in examples] == [0] * 3 + [5] * 3 + [9] * 3
     assert {e.num_pairs for e in examples} == {10}
     expected = kv_data.make_examples(kv_data.generate_records(10, 3, seed=2 * 2 + 1), [0, 5, 9])
@@ -206,7 +206,7 @@ def test_without_task_file_the_kv_benchmark_defaults_apply(tmp_path):
     [
         ("kv:pairs=ten", "'pairs' must be an integer"),
         ("kv:colour=3", "unknown field 'colour'"),
-        ("kv:pairs=10,gold=0|10", "'gold_indices' .* 10 is outside 0..9"),
+        ("kv:pairs=10,gold=0+10", "'gold_indices' .* 10 is outside 0..9"),
         ("kv:pairs=1", "'num_pairs'"),
         ("kv:examples=0", "'examples_per_index'"),
         ("kv:length=5", "unknown field 'length'"),

@@ -15,7 +15,7 @@ from lpes.converter.model_card import hub_id, model_card
 from lpes.spec import Spec, dump_spec
 from lpes.validation import scoring
 from lpes.validation.examples import Example
-from lpes.validation.report import REFERENCE, UNIFORM, UNSCALED, ValidationReport, VariantResult
+from lpes.validation.results import REFERENCE, UNIFORM, UNSCALED, ValidationReport, VariantResult
 
 BUNDLED = "lpes-tiny-kv"
 FOLDER = "lpes-tiny-kv-lpes"  # the name the card's snippet loads, as make demo names the folder

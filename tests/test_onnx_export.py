@@ -28,8 +28,9 @@ pytest.importorskip("onnxruntime")
 
 from lpes.exporters import onnx_export  # noqa: E402
 from lpes.exporters.onnx_export import export_onnx  # noqa: E402
-from lpes.validation.ort_runner import OrtCausalLM, check_dtype_supported, generate_text  # noqa: E402
-from lpes.validation.parity import check_parity  # noqa: E402
+from lpes.exporters.onnx_parity import check_parity  # noqa: E402
+from lpes.exporters.onnx_runner import OrtCausalLM, check_dtype_supported  # noqa: E402
+from lpes.generate import generate_text  # noqa: E402
 
 torch.set_num_threads(1)
 SPEC = Spec.from_scales([2.0, 1.0, 4.0])  # varies by layer; the middle layer keeps the model's own RoPE

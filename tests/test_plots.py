@@ -9,22 +9,23 @@ import pytest
 from lpes import plots
 from lpes.spec import Spec
 from lpes.validation import scoring
+from lpes.validation.accuracy_plot import plot_accuracy
 from lpes.validation.examples import Example
-from lpes.validation.report import REFERENCE, UNIFORM, UNSCALED, ValidationReport, VariantResult
+from lpes.validation.results import REFERENCE, UNIFORM, UNSCALED, ValidationReport, VariantResult
 
 
 @pytest.fixture
 def drawn(monkeypatch):
     """The figure each plot function draws, kept open for inspection (the PNG is still written)."""
     figures = []
-    real_save = plots._save
+    real_save = plots.save_figure
 
     def keep(fig, path):
         fig.canvas.draw()  # lay out the legends before the file is written and the figure closed
         figures.append({"axes": fig.axes, "renderer": fig.canvas.get_renderer()})
         return real_save(fig, path)
 
-    monkeypatch.setattr(plots, "_save", keep)
+    monkeypatch.setattr(plots, "save_figure", keep)
     return figures
 
 
@@ -60,7 +61,7 @@ def test_accuracy_plot_names_lpes_offsets_equal_lines_and_states_the_data(tmp_pa
                                      (REFERENCE, same, ""), ("onnx", same, "CPUExecutionProvider")]
     ]
     report = ValidationReport("lpes-tiny-kv", examples, variants, None, prompt_tokens=[1024] * 4)
-    plots.plot_accuracy(report, Path(tmp_path / "validation.png"))
+    plot_accuracy(report, Path(tmp_path / "validation.png"))
     ax = drawn[0]["axes"][0]
     labels = [line.get_label() for line in ax.get_lines()]
     assert "LPES (PyTorch reference): 75.0% overall" in labels

@@ -64,7 +64,7 @@ def test_a_checkpoint_without_tokenizer_converts_to_hf_and_onnx_and_says_what_wa
     assert ".lpes-partial" not in proc.stdout + proc.stderr
 
 
-def test_an_8b_shaped_checkpoint_converts_in_seconds_without_loading_its_weights(tmp_path):
+def test_an_8b_shaped_checkpoint_converts_by_linking_its_weights_never_loading_them(tmp_path):
     """16 GB of bfloat16 weights that occupy no disk (holes): the conversion is metadata work."""
     from bench_sparse_8b import LLAMA3_8B
 

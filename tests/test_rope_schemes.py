@@ -13,6 +13,7 @@ model does, with no state kept between sequences.
 import copy
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,12 +21,17 @@ from conftest import tiny_model_dir
 from transformers import AutoModelForCausalLM
 
 from lpes.cli import convert_main
-from lpes.converter.hf_folder import uses_custom_code
 from lpes.converter.reference import apply
 from lpes.converter.trust import check_hub_code
 from lpes.errors import LpesError
 from lpes.spec import RopeScheme, Spec, dump_spec
 from lpes.validation.checks import rope_check
+
+
+def uses_custom_code(folder: Path) -> bool:
+    """The written Hub folder needs trust_remote_code (its config.json names LPES code in auto_map)."""
+    return bool(json.loads((Path(folder) / "config.json").read_text()).get("auto_map"))
+
 
 TRAINED = 16  # max_position_embeddings of the test models: the sequences below go well past it
 YARN, DYNAMIC = RopeScheme("yarn"), RopeScheme("dynamic")

@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from lpes.converter.loading import resolve_model
 from lpes.converter.reference import apply
+from lpes.exporters.runners import torch_left_pad
 from lpes.spec import Spec
 from lpes.validation import kv_data, scoring, tiny_kv
 from lpes.validation.examples import Example
@@ -100,7 +101,7 @@ def test_padded_batches_equal_one_example_at_a_time(model_and_tokenizer):
     # The logits themselves, at every answer position, through the same left padding the scorer uses.
     encoded = scoring.encode_examples(tokenizer, examples)
     rows = [e.prompt_ids + e.answer_ids[:-1] for e in encoded]
-    ids, mask, positions = scoring.left_pad(rows, pad_id=0)
+    ids, mask, positions = torch_left_pad(rows, pad_id=0)
     with torch.no_grad():
         batched_logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits
         for b, row in enumerate(rows):
@@ -109,7 +110,7 @@ def test_padded_batches_equal_one_example_at_a_time(model_and_tokenizer):
 
 
 def test_left_pad_positions_count_real_tokens_only():
-    ids, mask, positions = scoring.left_pad([[5, 6, 7], [8]], pad_id=0)
+    ids, mask, positions = torch_left_pad([[5, 6, 7], [8]], pad_id=0)
     assert ids.tolist() == [[5, 6, 7], [0, 0, 8]]
     assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
     assert positions.tolist() == [[0, 1, 2], [1, 1, 0]]  # padded slots as transformers' generate has them

@@ -8,15 +8,22 @@ Where no stock type is exact the folder keeps the custom code and a plain load f
 """
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 from conftest import tiny_model_dir
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from lpes.converter.hf_folder import compose_rope, stock_rope_parameters, uses_custom_code, write_hf_folder
+from lpes.converter.hf_folder import compose_rope, stock_rope_parameters, write_hf_folder
 from lpes.converter.reference import apply
 from lpes.spec import Spec
+
+
+def uses_custom_code(folder: Path) -> bool:
+    """The written Hub folder needs trust_remote_code (its config.json names LPES code in auto_map)."""
+    return bool(json.loads((Path(folder) / "config.json").read_text()).get("auto_map"))
+
 
 LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0 + k / 20 for k in range(4)],
             "long_factor": [2.0 + k / 10 for k in range(4)], "factor": 4.0, "original_max_position_embeddings": 64}

@@ -44,7 +44,7 @@ class ScalesOnly(targets.Target):
     def open(cls, folder: Path, run: targets.RunContext) -> targets.OpenedExport:
         from lpes.converter.loading import load_model
         from lpes.converter.reference import apply
-        from lpes.validation.scoring import TorchGreedy
+        from lpes.exporters.runners import TorchGreedy
 
         written = json.loads((folder / cls.marker).read_text())
         model = apply(load_model(Path(written["model"])), Spec.from_scales(written["scales"]))

@@ -242,7 +242,7 @@ def test_search_task_in_the_spec_is_typed(tmp_path):
 
 
 def test_generate_applies_the_chat_template_and_says_when_nothing_came(tmp_path, monkeypatch, capsys):
-    from lpes.validation import ort_runner
+    from lpes import generate
 
     folder = tmp_path / "onnx"
     folder.mkdir()
@@ -253,8 +253,8 @@ def test_generate_applies_the_chat_template_and_says_when_nothing_came(tmp_path,
         seen["chat_template"] = chat_template
         return ""
 
-    monkeypatch.setattr(ort_runner, "generate_text", fake)
-    monkeypatch.setattr("lpes.converter.trust.check_received_folder", lambda folder: None)
+    monkeypatch.setattr(generate, "generate_text", fake)
+    monkeypatch.setattr("lpes.exporters.received.check_received_folder", lambda folder: None)
     monkeypatch.setattr("lpes.converter.loading.load_tokenizer",
                         lambda folder: type("T", (), {"chat_template": CHAT_TEMPLATE})())
     assert generate_main([str(folder), "w4 w5"]) == 0

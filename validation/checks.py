@@ -264,10 +264,6 @@ def merge_scores(measured: Probe, rest, rest_ids: list[int]):
                           measured.scores.forward_tokens + rest.forward_tokens)
 
 
-def format_bytes(n: float) -> str:
-    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
-
-
 def format_seconds(s: float) -> str:
     if s < 10:
         return f"{s:.1f} s"

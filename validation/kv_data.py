@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from lpes.errors import LpesError
-from lpes.spec import write_bytes_atomic
+from lpes.files import write_bytes_atomic
 from lpes.validation.examples import Example
 
 PROMPT_TEMPLATE = (

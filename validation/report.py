@@ -38,250 +38,38 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from lpes import plots
+from lpes.devices import check_device, format_bytes
 from lpes.errors import LpesError
-from lpes.exporters.targets import RunContext, RunnerUnavailable, registry
-from lpes.spec import LINEAR_ROPE, Spec, StockRope, load_spec, write_text_atomic
+from lpes.exporters.targets import RunContext, RunnerUnavailable, registry, targets_where
+from lpes.files import write_text_atomic
+from lpes.spec import LINEAR_ROPE, Spec, StockRope, load_spec
 from lpes.validation import checks, scoring
+from lpes.validation.accuracy_plot import plot_accuracy
 from lpes.validation.examples import Example
+from lpes.validation.results import (
+    FORMAT,
+    JSON_FILE,
+    MARKDOWN_FILE,
+    NOT_VALIDATED,
+    PASSED,
+    PLOT_FILE,
+    REFERENCE,
+    UNIFORM,
+    UNSCALED,
+    ValidationReport,
+    VariantResult,
+)
 
-if TYPE_CHECKING:
-    from lpes.converter.model_card import Measured
-
-FORMAT = "lpes-validation"
-VERSION = 1
-JSON_FILE, MARKDOWN_FILE, PLOT_FILE = "validation.json", "validation.md", "validation.png"
-REFERENCE = "reference"
-UNSCALED = "unscaled"
-UNIFORM = "best uniform"
 BASELINE_NOTE = "PyTorch, best on calibration"
+SPEC_FILE = "lpes_spec.json"  # what every lpes-convert output keeps beside its export
 # Share of examples on which an export may decode differently from the reference. float32
 # runtimes differ only in rounding, far below the logit gaps of a greedy choice; half
 # precision moves logits by ~1e-3 relative and flips a near-tie now and then.
 MAX_DISAGREEMENT = {"float32": 0.0, "float16": 0.02, "bfloat16": 0.05}
 DEFAULT_MAX_SECONDS = 20 * 60  # key-value scoring longer than this (estimated) is left to lpes-validate
 MAX_ROPE_POSITIONS = 32768  # the RoPE check's positions (it allocates positions x head_dim per scale)
-# LPES below the unscaled model by more than this share of examples is reported as harm, not noise.
-WORSE_MARGIN = 0.02
-
-
-@dataclass
-class VariantResult:
-    name: str
-    status: str  # "ok" or "skipped"
-    scores: scoring.Scores | None = None
-    note: str = ""  # the runtime (e.g. the ONNX Runtime provider) or why it was skipped
-    dtype: str | None = None
-    disagreements: list[int] = field(default_factory=list)  # example ids that differ from the reference
-    allowed: int | None = None  # None: not compared (the torch variants)
-    baseline: bool = False  # a stock way of scaling (uniform, YaRN, dynamic NTK) the curve is held against
-    same_as: str | None = None  # the variant it is identical to (scored once, its scores shown under both names)
-
-    @property
-    def passed(self) -> bool:
-        return self.allowed is None or len(self.disagreements) <= self.allowed
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": self.name, "status": self.status, "note": self.note, "baseline": self.baseline}
-        if self.same_as is not None:
-            out["same_as"] = self.same_as
-        if self.scores is not None:
-            out["accuracy"] = self.scores.accuracy
-            out["accuracy_by_gold_index"] = {str(k): v for k, v in self.scores.accuracy_by_gold_index().items()}
-            out["forward_tokens"] = 0 if self.same_as else self.scores.forward_tokens
-        if self.allowed is not None:
-            out.update(dtype=self.dtype, disagreements=self.disagreements, allowed=self.allowed, passed=self.passed)
-        return out
-
-
-PASSED, FAILED, NOT_VALIDATED = "passed", "failed", "not validated"
-
-
-@dataclass
-class ValidationReport:
-    model: str  # as the user named it (a Hub id or a folder's name), never a path of this machine
-    examples: list[Example]
-    variants: list[VariantResult]
-    max_new_tokens: int | None
-    checks: list[checks.Check] = field(default_factory=list)
-    files: list[Path] = field(default_factory=list)
-    prompt_tokens: list[int] = field(default_factory=list)  # per example, as scored (the plot's caption)
-    task: str = ""  # what the examples are, in one line (the Task line of the table)
-    setup_problem: str | None = None  # every variant scored 0: the task as set up measured nothing
-    warnings: list[str] = field(default_factory=list)  # said in the report, no failure
-    kept: str | None = None  # the earlier results this run did not overwrite, and where this run's went
-    # Published text -> what the console shows instead (a path as the user typed it, absolute ones included).
-    console_paths: dict[str, str] = field(default_factory=dict)
-    searched_on: str | None = None  # the model and/or task the curve was searched on, when not the ones measured
-
-    @property
-    def verdict(self) -> str:
-        """"passed" only when every planned check ran and held; "not validated" when one did not run."""
-        if self.setup_problem or not all(v.passed for v in self.variants) or not all(c.passed for c in self.checks):
-            return FAILED
-        if any(c.status == "skipped" for c in self.checks) or self.skipped_exports():
-            return NOT_VALIDATED
-        return PASSED
-
-    @property
-    def passed(self) -> bool:
-        return self.verdict == PASSED
-
-    def skipped_exports(self) -> list[VariantResult]:
-        """Exports in the folder that could not run here: written, but not checked."""
-        return [v for v in self.variants if v.status == "skipped" and not v.baseline]
-
-    def verdict_reason(self) -> str:
-        """What failed, or what did not run; empty when passed."""
-        if self.verdict == FAILED:
-            return "; ".join(self.failures())
-        if self.verdict == NOT_VALIDATED:
-            missing = [f"{c.name} skipped" for c in self.checks if c.status == "skipped"]
-            return "; ".join(missing + [f"{v.name} not run ({v.note})" for v in self.skipped_exports()])
-        return ""
-
-    def verdict_line(self) -> str:
-        """The verdict in one line: what held, what failed, or what did not run."""
-        if self.verdict == PASSED:
-            return "**passed**"
-        if self.verdict == FAILED:
-            return "**FAILED**: " + self.verdict_reason()
-        return (f"**not validated**: {self.verdict_reason()} (every check that ran held; what did not run was not "
-                "measured)")
-
-    def harm(self) -> str | None:
-        """A plain sentence when the LPES curve makes the model worse than it was unscaled."""
-        names = {v.name for v in self.variants if v.scores is not None}
-        if not {UNSCALED, REFERENCE} <= names:
-            return None
-        before, after = self.variant(UNSCALED).scores.accuracy, self.variant(REFERENCE).scores.accuracy
-        if after >= before - WORSE_MARGIN:
-            return None
-        return (f"the LPES curve makes this model WORSE: {100 * after:.1f}% with it, {100 * before:.1f}% "
-                "unscaled (the exports agreeing with the reference does not make the curve good)")
-
-    def beaten(self) -> str | None:
-        """A plain sentence when a baseline answers more examples than the LPES curve does."""
-        scored = [v for v in self.variants if v.scores is not None]
-        lpes = next((v for v in scored if v.name == REFERENCE), None)
-        better = [v for v in scored if v.baseline and lpes is not None and _right(v) > _right(lpes)]
-        if not better:
-            return None
-        best = max(better, key=_right)
-        return (f"{', '.join(v.name for v in better)} answer{'s' if len(better) == 1 else ''} more examples than "
-                f"the LPES curve ({best.name}: {100 * best.scores.accuracy:.1f}%, LPES: "
-                f"{100 * lpes.scores.accuracy:.1f}%); on this task that stock setting is the better choice")
-
-    @property
-    def gold_indices(self) -> list[int]:
-        return sorted({e.gold_index for e in self.examples})
-
-    def variant(self, name: str) -> VariantResult:
-        return next(v for v in self.variants if v.name == name)
-
-    def failures(self) -> list[str]:
-        return ([self.setup_problem] if self.setup_problem else []) + [
-            f"{v.name} decodes differently from the reference on {len(v.disagreements)} of "
-            f"{len(self.examples)} examples ({v.dtype}: at most {v.allowed} allowed)"
-            for v in self.variants
-            if not v.passed
-        ] + [f"{c.name}: {c.detail}" for c in self.checks if c.name != "kv" and not c.passed]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "format": FORMAT,
-            "version": VERSION,
-            "model": self.model,
-            "verdict": self.verdict,
-            "passed": self.passed,
-            "num_examples": len(self.examples),
-            "gold_indices": self.gold_indices,
-            "max_new_tokens": self.max_new_tokens,
-            "task": self.task,
-            "searched_on": self.searched_on,
-            "checks": [c.to_json() for c in self.checks],
-            "setup_problem": self.setup_problem,
-            "warnings": self.warnings,
-            "harm": self.harm(),
-            "beaten": self.beaten(),
-            "variants": [v.to_json() for v in self.variants],
-            "examples": self._examples_json(),
-        }
-
-    def _examples_json(self) -> list[dict[str, Any]]:
-        scored = [v for v in self.variants if v.scores is not None]
-        disagreeing = {i for v in self.variants for i in v.disagreements}
-        rows = []
-        for i, example in enumerate(self.examples):
-            row: dict[str, Any] = {"id": i, "gold_index": example.gold_index, "answer": example.answer}
-            row["generated"] = {v.name: v.scores.results[i].generated for v in scored}
-            row["correct"] = {v.name: v.scores.results[i].correct for v in scored}
-            if i in disagreeing:
-                row["prompt"] = example.prompt  # to replay the disagreement
-            rows.append(row)
-        return rows
-
-    def markdown(self) -> str:
-        lines = ["Checks:", ""] + [f"- {c.line()}" for c in self.checks] + [""]
-        if self.task:
-            lines += [f"Task: {self.task}.", ""]
-        if self.searched_on:
-            lines += [f"Searched on: {self.searched_on}. The curve and the baselines' settings were found by "
-                      "lpes-search there, not on what this table measures.", ""]
-        if self.variants:
-            lines += self._table()
-        if self.harm():
-            lines += [f"**Warning**: {self.harm()}.", ""]
-        if self.beaten():
-            lines += [f"**Note**: {self.beaten()}.", ""]
-        lines += [f"**Warning**: {w}." for w in self.warnings] + ([""] if self.warnings else [])
-        lines.append(self.verdict_line())
-        return "\n".join(lines) + "\n"
-
-    def _table(self) -> list[str]:
-        gold = self.gold_indices
-        per_index = len(self.examples) // max(len(gold), 1)
-        lines = [
-            f"Key-value retrieval accuracy (%) by gold index (position of the needed pair, 0 = first), "
-            f"{per_index} examples per index, greedy decoding.",
-            "",
-            "| variant | " + " | ".join(str(g) for g in gold) + " | all | vs reference |",
-            "|---|" + "---:|" * (len(gold) + 1) + "---|",
-        ]
-        for v in self.variants:
-            lines.append(_markdown_row(v, gold, len(self.examples)))
-        return lines + ["", f"![accuracy by gold index]({PLOT_FILE})", ""]
-
-    def measured(self) -> Measured | None:
-        """The numbers the model card states; None when key-value scoring did not run (or measured nothing)."""
-        from lpes.converter.model_card import Accuracy, Measured
-
-        scored = {v.name: v for v in self.variants if v.scores is not None}
-        if UNSCALED not in scored or REFERENCE not in scored or self.setup_problem:
-            return None
-
-        def accuracy(v: VariantResult) -> Accuracy:
-            return Accuracy(v.scores.accuracy, v.scores.accuracy_by_gold_index())
-
-        uniform = next((v for name, v in scored.items() if name.startswith(UNIFORM)), None)
-        exports = [v for v in scored.values() if v.allowed is not None]
-        lengths = (min(self.prompt_tokens), max(self.prompt_tokens)) if self.prompt_tokens else (0, 0)
-        stock = tuple((v.name, accuracy(v)) for v in scored.values() if v.baseline and v is not uniform)
-        return Measured(len(self.examples), self.examples[0].num_pairs, lengths, accuracy(scored[UNSCALED]),
-                        accuracy(scored[REFERENCE]), accuracy(uniform) if uniform else None,
-                        tuple(v.name for v in exports if v.passed), tuple(v.name for v in exports if not v.passed),
-                        stock)
-
-    def format(self) -> str:
-        """What the CLI prints: the table, the verdict, and which results were kept."""
-        text = self.markdown().replace(f"\n![accuracy by gold index]({PLOT_FILE})\n", "")
-        if self.kept:
-            text += self.kept + "\n"
-        for published, console in self.console_paths.items():
-            text = text.replace(published, console)
-        return text
 
 
 def answers_not_value(results: Sequence[scoring.ExampleResult], examples: Sequence[Example],
@@ -317,27 +105,6 @@ def _starts_with_value(generated: str, answer: str) -> bool:
     return bool(said) and (said.startswith(value) or value.startswith(said))
 
 
-def _right(v: VariantResult) -> int:
-    return sum(r.correct for r in v.scores.results)
-
-
-def _markdown_row(v: VariantResult, gold: list[int], total: int) -> str:
-    label = {UNSCALED: "unscaled (PyTorch)", REFERENCE: "LPES reference (PyTorch)"}.get(v.name, v.name)
-    if v.note and v.status == "ok":
-        label += f" ({v.note})"
-    if v.scores is None:
-        return f"| {label} | " + " | ".join("-" for _ in gold) + f" | - | skipped: {v.note} |"
-    by_index = v.scores.accuracy_by_gold_index()
-    cells = [f"{100 * by_index[g]:.1f}" if g in by_index else "-" for g in gold]
-    cells.append(f"{100 * v.scores.accuracy:.1f}")
-    if v.allowed is None:
-        versus = ""
-    else:
-        verdict = "ok" if v.passed else "**FAIL**"
-        versus = f"{len(v.disagreements)}/{total} differ ({v.dtype}, allowed {v.allowed}): {verdict}"
-    return f"| {label} | " + " | ".join(cells) + f" | {versus} |"
-
-
 def validate(
     model_path: Path,
     out_dir: Path,
@@ -358,12 +125,15 @@ def validate(
     shown_dir: Path | str | None = None,
     shown_model: str | None = None,
     progress: bool = True,
+    config: Any = None,
+    task: ResolvedTask | None = None,
 ) -> ValidationReport:
     """Check the RoPE of every layer, then score the unscaled model, the LPES reference and every export.
 
-    `spec` None: read `out_dir/lpes_spec.json` (or `out_dir/onnx/lpes_spec.json`).
-    `examples` None: the task of `resolve_task` (`data`, `chat_template` and `answer_tokens`
-    over the task the spec was searched on, over the model folder's own).
+    `spec` None: the `lpes_spec.json` the folder keeps (`find_spec`). `config`: the model's
+    transformers config with `spec` already resolved for it (lpes-convert's plan); None: read here.
+    `examples` None: `task`, else the task of `resolve_task` (`data`, `chat_template` and
+    `answer_tokens` over the task the spec was searched on, over the model folder's own).
     `variants` limits the exports scored (target names); None: all found.
     The key-value scoring runs only when there is a tokenizer, the weights fit in
     memory and the time estimated from a probe (one real batch) is within `max_seconds`
@@ -372,73 +142,91 @@ def validate(
     The torch variants run in `reference_dtype` on `device` (default: cuda when available).
     A run that is not "passed" never replaces earlier scored results in `out_dir` (`write_report`).
     """
-    from lpes.converter.loading import load_config, model_label
+    from lpes.converter.loading import model_label, resolved_for_model
 
     out_dir = Path(out_dir)
-    spec = spec if spec is not None else find_spec(out_dir)
-    config = load_config(Path(model_path))
-    spec = spec.for_layers(config.num_hidden_layers)
+    config, spec = resolved_for_model(model_path, spec if spec is not None else find_spec(out_dir), config)
     name = model_label(str(model_name or spec.provenance.get("base_model") or Path(model_path).name))
-    task = None if examples is not None else resolve_task(model_path, spec, data, chat_template, answer_tokens)
+    if examples is not None:  # the caller's examples: no task behind them
+        task = None
+    elif task is None:
+        task = resolve_task(model_path, spec, data, chat_template, answer_tokens)
     exports = _found_exports(out_dir, variants)
     kv_plan = _plan_kv(model_path, config, examples, task, reference_dtype, max_new_tokens, name)
     longest = max(kv_plan.sequence_tokens, default=0) or 64  # the prompts plus the answers' budgets
     rope = checks.rope_check(config, spec, max(_positions_to_check(config, spec), longest))
-    other_model, other_task = _searched_on(spec, model_path, config, name, task)
-    searched_on = " and ".join(p for p in (other_model, other_task) if p) or None
-    note = BASELINE_NOTE if searched_on is None else f"PyTorch, searched on {other_model or 'another task'}"
-    planned = _plan_variants(spec, config, longest, exports, note) if kv_plan.skipped is None else []
-    rerun, console = _rerun_command(out_dir, shown_dir, shown_model or name, data, chat_template, answer_tokens)
-    results: list[VariantResult] = []
-    setup = None
+    searched_on, baseline_note = _searched_on(spec, model_path, config, name, task)
+    rerun = _Rerun(out_dir, shown_dir, shown_model or name, data, chat_template, answer_tokens)
     if kv_plan.skipped is None:
-        started = time.perf_counter()
-        results, estimate, skipped = _score_all(model_path, spec, kv_plan, planned, reference_dtype, device,
-                                                batch_size, max_batch_tokens, max_new_tokens, max_seconds, progress)
-        if skipped:
-            kv = checks.Check("kv", "skipped", f"{skipped}; to run it on a faster machine, or here with no "
-                              f"budget: {rerun} --max-minutes 0")
-        else:
-            setup = _setup_problem(results, len(kv_plan.examples))
-            verdict = "failed" if setup or not all(v.passed for v in results) else "passed"
-            took = checks.format_seconds(time.perf_counter() - started)
-            kv = checks.Check("kv", verdict, f"{len(kv_plan.examples)} examples in {took} (estimated {estimate})")
-    elif kv_plan.tokenizer_missing:  # --model with the same folder would skip again: say what to give it
-        elsewhere, shown = _rerun_command(out_dir, shown_dir, TOKENIZER_MODEL, data, chat_template, answer_tokens)
-        console.update(shown)
-        kv = checks.Check("kv", "skipped", f"{kv_plan.skipped}; to run it, name as {TOKENIZER_MODEL} a folder or Hub "
-                          f"id of this model that has its tokenizer files: {elsewhere} (or copy them, e.g. "
-                          f"tokenizer.json and tokenizer_config.json, into {_shown_path(shown_model or name)} and run "
-                          f"{rerun})")
+        planned = _plan_variants(spec, config, longest, exports, baseline_note)
+        results, kv, setup = _score_kv(model_path, spec, kv_plan, planned, rerun, reference_dtype, device,
+                                       batch_size, max_batch_tokens, max_new_tokens, max_seconds, progress)
     else:
-        kv = checks.Check("kv", "skipped", f"{kv_plan.skipped}; to run it where it fits: {rerun}")
+        results, kv, setup = [], _kv_not_run(kv_plan, rerun, shown_model or name), None
     report = ValidationReport(name, kv_plan.examples if results else [], results, max_new_tokens, [rope, kv],
                               prompt_tokens=kv_plan.prompt_tokens if results else [],
                               task=_task_line(task, kv_plan, spec), setup_problem=setup,
-                              console_paths={p: c for p, c in console.items() if p != c}, searched_on=searched_on)
-    report.warnings += kv_plan.warnings
-    unscaled = next((v for v in results if v.name == UNSCALED and v.scores is not None), None)
-    if unscaled is not None and (said := answers_not_value(unscaled.scores.results, kv_plan.examples)):
-        report.warnings.append(f"{said} (the unscaled model)")
+                              console_paths=rerun.console_paths(), searched_on=searched_on)
+    report.warnings += kv_plan.warnings + _answer_warnings(results, kv_plan.examples)
     write_report(report, out_dir)
     _rewrite_model_card(out_dir, report, spec, config, spec.base_model or name)
     return report
+
+
+def _score_kv(model_path: Path, spec: Spec, kv_plan: KvPlan, planned: list[PlannedVariant], rerun: _Rerun,
+              reference_dtype: str, device: str | None, batch_size: int, max_batch_tokens: int,
+              max_new_tokens: int | None, max_seconds: float | None,
+              progress: bool) -> tuple[list[VariantResult], checks.Check, str | None]:
+    """Score every planned variant (or skip them all over the time budget): the results, the kv check, and
+    the setup problem (every variant answered nothing)."""
+    started = time.perf_counter()
+    results, estimate, skipped = _score_all(model_path, spec, kv_plan, planned, reference_dtype, device,
+                                            batch_size, max_batch_tokens, max_new_tokens, max_seconds, progress)
+    if skipped:
+        return results, checks.Check("kv", "skipped", f"{skipped}; to run it on a faster machine, or here with no "
+                                     f"budget: {rerun.command()} --max-minutes 0"), None
+    setup = _setup_problem(results, len(kv_plan.examples))
+    verdict = "failed" if setup or not all(v.passed for v in results) else "passed"
+    took = checks.format_seconds(time.perf_counter() - started)
+    kv = checks.Check("kv", verdict, f"{len(kv_plan.examples)} examples in {took} (estimated {estimate})")
+    return results, kv, setup
+
+
+def _kv_not_run(kv_plan: KvPlan, rerun: _Rerun, model: str) -> checks.Check:
+    """The kv check when key-value scoring cannot run here, with the command that runs it where it can."""
+    if kv_plan.tokenizer_missing:  # --model with the same folder would skip again: say what to give it
+        elsewhere = rerun.command(model=TOKENIZER_MODEL)
+        return checks.Check("kv", "skipped", f"{kv_plan.skipped}; to run it, name as {TOKENIZER_MODEL} a folder or "
+                            f"Hub id of this model that has its tokenizer files: {elsewhere} (or copy them, e.g. "
+                            f"tokenizer.json and tokenizer_config.json, into {_shown_path(model)} and run "
+                            f"{rerun.command()})")
+    return checks.Check("kv", "skipped", f"{kv_plan.skipped}; to run it where it fits: {rerun.command()}")
+
+
+def _answer_warnings(results: list[VariantResult], examples: Sequence[Example]) -> list[str]:
+    """A warning when most of the unscaled model's answers do not start with the value (`answers_not_value`)."""
+    unscaled = next((v for v in results if v.name == UNSCALED and v.scores is not None), None)
+    if unscaled is not None and (said := answers_not_value(unscaled.scores.results, examples)):
+        return [f"{said} (the unscaled model)"]
+    return []
 
 
 TOKENIZER_MODEL = "MODEL_WITH_TOKENIZER"  # the skip message's placeholder for a model folder that has a tokenizer
 
 
 def _searched_on(spec: Spec, model_path: Path, config, name: str,
-                 task: ResolvedTask | None) -> tuple[str | None, str | None]:
-    """What the curve and its baselines were searched on, where it is not what is validated here: the other
-    model's name, and "another task (DATA)"; None for each that is this one (or that the spec does not record)."""
+                 task: ResolvedTask | None) -> tuple[str | None, str]:
+    """What the curve and its baselines were searched on, where it is not what is validated here (the other
+    model's name and/or "another task (DATA)"; None where it is this one, or the spec does not record it), and
+    the note the baselines get in the table."""
     from lpes.converter.loading import other_model_searched
 
     model = other_model_searched(spec.searched_model, model_path, config, name)
     other_task = None
     if task is not None and task.other_task:
         other_task = f"another task ({shareable_data(task.searched.data) or 'the model folder task'})"
-    return model, other_task
+    searched_on = " and ".join(p for p in (model, other_task) if p) or None
+    return searched_on, BASELINE_NOTE if searched_on is None else f"PyTorch, searched on {model or 'another task'}"
 
 
 def _rewrite_model_card(out_dir: Path, report: ValidationReport, spec: Spec, config, base_model: str) -> None:
@@ -612,26 +400,38 @@ def _shown_path(path: str) -> str:
     return Path(path).name if Path(path).expanduser().is_absolute() else path
 
 
-def _rerun_command(out_dir: Path, shown_dir, model: str, data, chat_template, answer_tokens) -> tuple[str, dict]:
-    """The lpes-validate command that runs what was skipped, as published, and the console's form of it.
+@dataclass
+class _Rerun:
+    """The lpes-validate command that runs what was skipped: as published (an absolute path by its name), and
+    the console's form of each published one (folder and model as the user typed them, so that the command
+    pastes and runs where they ran it; a bare folder name is not turned into a Hub id)."""
 
-    Folder and model as the user typed them, so that the command pastes and runs where they ran it (a
-    bare folder name is not turned into a Hub id); in published files an absolute path by its name.
-    """
-    folder = str(shown_dir or out_dir)
+    out_dir: Path
+    shown_dir: Path | str | None
+    model: str
+    data: str | None
+    chat_template: bool | None
+    answer_tokens: int | None
+    _console: dict[str, str] = field(default_factory=dict)
 
-    def command(shown) -> str:
-        words = ["lpes-validate", shown(folder), "--model", shown(model)]
-        if data is not None:
-            words += ["--data", shareable_data(data) if shown is _shown_path else data]
-        if chat_template is not None:
-            words.append("--chat-template" if chat_template else "--no-chat-template")
-        if answer_tokens is not None:
-            words += ["--answer-tokens", str(answer_tokens)]
+    def command(self, model: str | None = None) -> str:
+        """The published command (with another `model`: that one's); remembers its console form."""
+        published = self._words(_shown_path, model or self.model)
+        self._console[published] = self._words(str, model or self.model)
+        return published
+
+    def console_paths(self) -> dict[str, str]:
+        return {p: c for p, c in self._console.items() if p != c}
+
+    def _words(self, shown, model: str) -> str:
+        words = ["lpes-validate", shown(str(self.shown_dir or self.out_dir)), "--model", shown(model)]
+        if self.data is not None:
+            words += ["--data", shareable_data(self.data) if shown is _shown_path else self.data]
+        if self.chat_template is not None:
+            words.append("--chat-template" if self.chat_template else "--no-chat-template")
+        if self.answer_tokens is not None:
+            words += ["--answer-tokens", str(self.answer_tokens)]
         return " ".join(shlex.quote(w) for w in words)
-
-    published = command(_shown_path)
-    return published, {published: command(str)}
 
 
 def _setup_problem(results: list[VariantResult], examples: int) -> str | None:
@@ -691,8 +491,8 @@ def _plan_kv(model_path: Path, config, examples, task: ResolvedTask | None, dtyp
     needed = parameter_count(model_path) * DTYPES[dtype].itemsize
     available = available_memory()
     if available is not None and needed > checks.MEMORY_SHARE * available:
-        return KvPlan(f"the weights take {checks.format_bytes(needed)} in {dtype}; this machine has "
-                      f"{checks.format_bytes(available)} available")
+        return KvPlan(f"the weights take {format_bytes(needed)} in {dtype}; this machine has "
+                      f"{format_bytes(available)} available")
     tokenizer = load_tokenizer(model_path)
     if examples is None:
         from lpes.validation.tasks import examples_for
@@ -759,13 +559,14 @@ def _score_all(model_path, spec, kv_plan: KvPlan, planned: list[PlannedVariant],
 
     Returns (results, estimate text, why skipped or None).
     """
+    import torch
     from tqdm.auto import tqdm
 
     from lpes.converter.loading import load_model
     from lpes.converter.reference import apply, use_stock_rope
 
     tokenizer, examples = kv_plan.tokenizer, kv_plan.examples
-    where = _device(device)
+    where = torch.device(check_device(device))
     model = load_model(Path(model_path), reference_dtype).to(where)
     eos = scoring.eos_token_ids(model, tokenizer) or None  # the exports' runners get the same stop tokens
     scored = [v for v in planned if v.same_as is None and v.skipped is None]
@@ -868,16 +669,14 @@ def _found_exports(out_dir: Path, names: Sequence[str] | None) -> list[tuple[str
 
 
 def find_spec(out_dir: Path) -> Spec:
-    for candidate in (out_dir / "lpes_spec.json", out_dir / "onnx" / "lpes_spec.json"):
+    """The spec an lpes-convert output folder holds: in the first export folder that keeps one."""
+    holders = targets_where("holds_spec")
+    for target in holders:
+        candidate = Path(out_dir) / target.folder / SPEC_FILE
         if candidate.is_file():
             return load_spec(candidate)
-    raise LpesError(f"no lpes_spec.json in {out_dir} (nor in its onnx/); is it an lpes-convert output folder?")
-
-
-def _device(device: str | None):
-    import torch
-
-    return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    inside = " or ".join(f"{t.folder}/" for t in holders if t.folder != ".")
+    raise LpesError(f"no {SPEC_FILE} in {out_dir} (nor in its {inside}); is it an lpes-convert output folder?")
 
 
 # ---- files ----
@@ -905,7 +704,7 @@ def write_report(report: ValidationReport, out_dir: Path) -> list[Path]:
     write_text_atomic(md_path, markdown)
     report.files = [json_path, md_path]
     if any(v.scores is not None for v in report.variants):
-        plots.plot_accuracy(report, png_path)
+        plot_accuracy(report, png_path)
         report.files.append(png_path)
     return report.files
 

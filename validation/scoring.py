@@ -55,28 +55,17 @@ import re
 import string
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
 from lpes.errors import LpesError
-from lpes.validation import padding
+from lpes.exporters.runners import TorchGreedy, model_device, torch_left_pad
 from lpes.validation.examples import Example
 
 Progress = Callable[[int], None]  # called with the number of examples just scored
 # Padded token positions per batch. Activation memory follows tokens (and attention their
 # square), so a batch of 5-6k-token prompts must hold one or two, not eight.
 MAX_BATCH_TOKENS = 8192
-
-
-class GreedyRunner(Protocol):
-    """Anything that decodes greedily: `TorchGreedy`, `OrtCausalLM`, a TensorRT runner."""
-
-    def greedy(
-        self, input_ids: list[list[int]], max_new_tokens: int, eos_token_id: int | None
-    ) -> list[list[int]]:
-        """The new tokens of each prompt (not the prompt), at most `max_new_tokens`."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -206,11 +195,6 @@ def _batches(lengths: Sequence[int], batch_size: int, max_tokens: int = MAX_BATC
     return batches
 
 
-def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`padding.left_pad` as torch tensors (input_ids, attention_mask, position_ids)."""
-    return tuple(torch.from_numpy(a) for a in padding.left_pad(rows, pad_id))
-
-
 # ---- (b) teacher forcing ----
 
 
@@ -227,11 +211,11 @@ def teacher_forced_correct(
     rows = [e.prompt_ids + e.answer_ids[:-1] for e in encoded]
     pad_id = pad_token_id(model, tokenizer)
     keep_logits = _accepts_logits_to_keep(model)
-    device = _device(model)
+    device = model_device(model)
     results: dict[int, ExampleResult] = {}
     forward_tokens = 0
     for batch in _batches([len(r) for r in rows], batch_size, max_batch_tokens):
-        ids, mask, positions = left_pad([rows[i] for i in batch], pad_id)
+        ids, mask, positions = torch_left_pad([rows[i] for i in batch], pad_id)
         forward_tokens += ids.numel()
         # Left padding aligns every row's end, so the answer positions are the last ones.
         keep = max(len(encoded[i].answer_ids) for i in batch)
@@ -262,43 +246,7 @@ def _accepts_logits_to_keep(model) -> bool:
         return False
 
 
-def _device(model) -> torch.device:
-    try:
-        return next(model.parameters()).device
-    except (StopIteration, AttributeError):
-        return torch.device("cpu")
-
-
 # ---- (a) greedy generation ----
-
-
-class TorchGreedy:
-    """`GreedyRunner` over a transformers model (plain or patched with the LPES reference)."""
-
-    def __init__(self, model, pad_token_id: int):
-        self.model = model
-        self.pad_token_id = pad_token_id
-
-    def greedy(
-        self, input_ids: list[list[int]], max_new_tokens: int, eos_token_id: int | list[int] | None
-    ) -> list[list[int]]:
-        from transformers import GenerationConfig
-
-        ids, mask, _ = left_pad(input_ids, self.pad_token_id)
-        device = _device(self.model)
-        # A fresh config: the model's own may ask for sampling, which greedy scoring must not inherit.
-        config = GenerationConfig(
-            do_sample=False,
-            num_beams=1,
-            max_new_tokens=max_new_tokens,
-            eos_token_id=eos_token_id,
-            pad_token_id=self.pad_token_id,
-        )
-        with torch.inference_mode():
-            out = self.model.generate(
-                input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config
-            )
-        return out[:, ids.shape[1] :].cpu().tolist()
 
 
 def greedy_correct(

@@ -3,7 +3,7 @@
 Search (calibration) and validation (held-out evaluation) both call `load_examples`.
 
 A data description is ``TASK:field=value,...``; lists are joined by ``+``, which no shell
-interprets (``|`` is still read, but must be quoted):
+interprets (every command's --help prints `DATA_HELP`):
 
     tiny-kv:examples=8                                  the bundled tiny model's task (tiny_kv)
     tiny-kv:pairs=16,length=1024,gold=0+8+15            ... with its fields
@@ -33,13 +33,13 @@ from __future__ import annotations
 import difflib
 import importlib
 import json
-import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from lpes.devices import format_bytes
 from lpes.errors import LpesError
 from lpes.validation import kv_data
 from lpes.validation.examples import Example
@@ -55,7 +55,33 @@ MAX_LENGTH = 1 << 20  # positions per prompt of a bundled model's task
 MAX_PROMPT_BYTES = 1 << 30  # all prompts together, estimated from the description
 _KV_BYTES_PER_PAIR = 82  # '"<uuid>": "<uuid>",\n ' as kv_data formats it
 _TINY_BYTES_PER_POSITION = 5  # 'f12 ', 'p40_1 ' ...
-LIST_SEPARATORS = "+|"  # '+' needs no quoting; '|' for descriptions written before
+LIST_SEPARATOR = "+"  # joins a list field's values (gold=0+24+49+74): needs no quoting in a shell
+
+# --data, as every command's --help explains it (lpes-search, lpes-convert, lpes-validate).
+DATA_HELP = """\
+--data TASK:field=value,... or FILE.jsonl[.gz] (lists joined by +, which needs no quoting).
+Fields left out come from the model folder's lpes_task.json when it names the same task,
+then from the task's defaults. The forms, with the values a field left out gets:
+  tiny-kv:pairs=16,length=1024,examples=20,gold=0+4+8+12+15,seed=0
+        the bundled model's task (these values: lpes-tiny-kv's lpes_task.json;
+        validation/tiny_kv.py): pairs facts among filler, prompts of length positions
+  tiny-induction:pairs=16,length=512,examples=20,gold=0+4+8+12+15,seed=0
+        the second bundled model's task (lpes-tiny-induction's, make demo's): facts written
+        "k{key} k{decoy} v{value}" among filler, prompts of length positions
+  kv:pairs=75,examples=25,gold=0+24+49+74,seed=0
+        the lost-in-the-middle task: UUID keys and values, generated as the benchmark does
+  kv:file=FILE.jsonl,examples=N or FILE.jsonl (or .jsonl.gz)
+        the benchmark's own records: one half of the file calibrates lpes-search, the other
+        is held out for validation (all of a half, or its first N)
+examples counts examples per gold index: lpes-tiny-kv has 5 gold indices (0 4 8 12 15), so
+tiny-kv:examples=8 is 8 x 5 = 40 prompts. gold (the positions of the needed pair, 0 = first)
+defaults to the model's lpes_task.json, else the paper's indices for 75, 140 or 300 pairs
+(0+24+49+74 for 75), else 5 evenly spaced. Calibration and validation never share an
+example: generated ones come from seed 2*seed for lpes-search's calibration and 2*seed+1 for
+held-out examples and validation; a benchmark file is split in two halves that share no
+record (by the SHA-256 of each record).
+"""
+DATA_FLAG = "TASK:field=value,... or FILE.jsonl[.gz] (forms below); default: "  # + the command's own default
 
 
 @dataclass(frozen=True)
@@ -270,7 +296,7 @@ def _parse_value(name: str, value: str) -> Any:
             raise LpesError(f"--data: 'file' {value!r} not found")
         return value
     if name == "gold":
-        return tuple(_parse_int(name, v) for v in re.split(f"[{re.escape(LIST_SEPARATORS)}]", value))
+        return tuple(_parse_int(name, v) for v in value.split(LIST_SEPARATOR))
     if name == "keys":
         return value
     return _parse_int(name, value)
@@ -382,7 +408,7 @@ def _check_total_size(config: TaskConfig, num_gold: int, where: str) -> None:
     total = per_prompt * config.examples_per_index * num_gold
     if total > MAX_PROMPT_BYTES:
         raise LpesError(f"{where}: {config.examples_per_index} examples x {num_gold} gold indices of this size make "
-                        f"about {total / 2**30:.1f} GiB of prompts (at most {MAX_PROMPT_BYTES >> 30} GiB); "
+                        f"about {format_bytes(total)} of prompts (at most {format_bytes(MAX_PROMPT_BYTES)}); "
                         "ask for fewer examples, pairs or positions")
 
 

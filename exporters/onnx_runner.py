@@ -7,7 +7,6 @@ included, which numpy cannot hold.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +15,7 @@ from lpes.devices import gpu_info
 from lpes.errors import LpesError
 from lpes.exporters import onnx_io
 from lpes.exporters.onnx_export import MODEL_FILE, read_metadata
-from lpes.validation.padding import left_pad
+from lpes.exporters.runners import greedy_decode
 
 CPU, CUDA = "CPUExecutionProvider", "CUDAExecutionProvider"
 _PROVIDER_ALIASES = {"cpu": CPU, "cuda": CUDA, CPU.lower(): CPU, CUDA.lower(): CUDA}
@@ -50,10 +49,10 @@ class OrtCausalLM:
     def __init__(self, onnx_dir: Path, provider: str | None = None, threads: int | None = None):
         import onnxruntime as ort
 
-        from lpes.converter.trust import check_received_folder
+        from lpes.exporters.received import check_received_folder
 
         self.onnx_dir = Path(onnx_dir)
-        check_received_folder(self.onnx_dir)  # no external data outside the folder (converter/trust.py)
+        check_received_folder(self.onnx_dir)  # no external data outside the folder (exporters/received.py)
         self.metadata = read_metadata(self.onnx_dir)
         self.num_layers = self.metadata["num_layers"]
         self.num_kv_heads = self.metadata["num_key_value_heads"]
@@ -155,35 +154,6 @@ class OrtCausalLM:
         return greedy_decode(last_logits, input_ids, self.empty_past(len(input_ids)), max_new_tokens, eos_token_id)
 
 
-def greedy_decode(step, rows: list[list[int]], past, max_new_tokens: int, eos_token_id: int | list[int] | None):
-    """Greedy decoding through a KV cache, shared by the onnxruntime and TensorRT runners.
-
-    `step(ids, mask, positions, past) -> (last-position logits [batch, vocab] as numpy, present)`.
-    Rows are left-padded; a row stops at its first end token. Returns the new tokens per
-    row and the logits each step chose from.
-    """
-    ids, mask, positions = left_pad(rows)
-    new_tokens: list[list[int]] = [[] for _ in rows]
-    done = np.zeros(len(rows), dtype=bool)
-    step_logits = []
-    stop = set() if eos_token_id is None else {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id)
-    for _ in range(max_new_tokens):
-        logits, present = step(ids, mask, positions, past)
-        step_logits.append(logits)
-        chosen = logits.argmax(axis=-1)
-        for row, token in enumerate(chosen):
-            if not done[row]:
-                new_tokens[row].append(int(token))
-                done[row] = int(token) in stop
-        if done.all():
-            break
-        past = present
-        ids = chosen[:, None].astype(np.int64)
-        positions = positions[:, -1:] + 1
-        mask = np.concatenate([mask, np.ones((len(rows), 1), dtype=np.int64)], axis=1)
-    return new_tokens, step_logits
-
-
 def _resolve_provider(provider: str | None) -> str:
     if provider is None:
         return default_provider()
@@ -196,76 +166,3 @@ def _resolve_provider(provider: str | None) -> str:
         if CUDA not in ort.get_available_providers():
             raise LpesError("the CUDA provider needs onnxruntime-gpu (pip install onnxruntime-gpu)")
     return resolved
-
-
-def generate_text(onnx_dir: Path, prompt: str, max_new_tokens: int = 64, provider: str | None = None,
-                  chat_template: bool = False) -> str:
-    """Greedy continuation of `prompt` by the export in `onnx_dir` (tokenizer from the same folder).
-
-    `chat_template`: send the prompt as the user turn of the tokenizer's chat template, when it has one
-    (lpes-generate's default; it says so on stderr).
-    """
-    from lpes.converter.loading import load_tokenizer
-    from lpes.validation.kv_data import has_chat_template, wrap_chat
-    from lpes.validation.scoring import encode_prompt
-    from lpes.validation.tasks import check_vocabulary
-
-    onnx_dir = Path(onnx_dir)
-    _warn_past_positions(onnx_dir, 0, max_new_tokens)  # --max-new-tokens 1000000000: refused before any work
-    tokenizer = load_tokenizer(onnx_dir)
-    check_vocabulary(tokenizer, [prompt], "the prompt")  # before the session loads: one line, not a traceback
-    if chat_template and has_chat_template(tokenizer):
-        prompt = wrap_chat(prompt, tokenizer)
-        print("lpes-generate: the prompt goes in as the user turn of the model's chat template "
-              "(--no-chat-template: as typed)", file=sys.stderr)
-    ids = encode_prompt(tokenizer, prompt)
-    _warn_past_positions(onnx_dir, len(ids), max_new_tokens)
-    lm = OrtCausalLM(onnx_dir, provider)
-    new = lm.greedy([ids], max_new_tokens, _eos_token_id(onnx_dir, tokenizer))[0]
-    return tokenizer.decode(new, skip_special_tokens=True)
-
-
-def _warn_past_positions(onnx_dir: Path, prompt_tokens: int, max_new_tokens: int) -> None:
-    """One line when generation may run past the positions the model was trained on (config.json); LpesError
-    past those its scales cover (trained x the largest scale of lpes_spec.json), or past MAX_POSITIONS."""
-    from lpes.files import read_json_object
-
-    path = onnx_dir / "config.json"
-    trained = read_json_object(path).get("max_position_embeddings") if path.is_file() else None
-    trained = trained if isinstance(trained, int) and not isinstance(trained, bool) and trained > 0 else None
-    last = prompt_tokens + max_new_tokens
-    scale = _largest_scale(onnx_dir)
-    covered = min(MAX_POSITIONS, int(trained * scale)) if trained else MAX_POSITIONS
-    if last > covered:
-        what = (f"the prompt ({prompt_tokens} tokens) + {max_new_tokens} new tokens" if prompt_tokens
-                else f"--max-new-tokens {max_new_tokens}")
-        why = (f"{trained} trained positions x its largest scale {scale:g}" if covered < MAX_POSITIONS
-               else "lpes-generate's limit")
-        raise LpesError(f"{what} would reach position {last}, past the {covered} this model covers ({why}); "
-                        "lower --max-new-tokens or shorten the prompt")
-    if trained and last > trained and prompt_tokens:
-        print(f"lpes-generate: note: the prompt ({prompt_tokens} tokens) + {max_new_tokens} new tokens may reach "
-              f"position {last}, past the {trained} the model was trained on (max_position_embeddings)",
-              file=sys.stderr)
-
-
-# Positions lpes-generate goes to at most (a KV cache this long is gigabytes even for a small model).
-MAX_POSITIONS = 1 << 20
-
-
-def _largest_scale(onnx_dir: Path) -> float:
-    from lpes.spec import load_spec
-
-    path = onnx_dir / "lpes_spec.json"
-    try:
-        return max(1.0, *load_spec(path).scales) if path.is_file() else 1.0
-    except (LpesError, ValueError, TypeError):
-        return 1.0
-
-
-def _eos_token_id(onnx_dir: Path, tokenizer) -> int | list[int] | None:
-    """The end-of-sequence id(s) from generation_config.json, else the tokenizer's."""
-    from lpes.converter.loading import read_generation_config
-
-    eos = read_generation_config(onnx_dir).get("eos_token_id")  # checked: an id, a list of ids, or null
-    return eos if eos not in (None, []) else tokenizer.eos_token_id

@@ -21,15 +21,16 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
-from lpes.converter.loading import load_config, load_model
+from lpes.converter.loading import load_model, resolved_for_model
 from lpes.converter.reference import apply
+from lpes.exporters.onnx_runner import OrtCausalLM
+from lpes.exporters.runners import left_pad
 from lpes.spec import Spec
-from lpes.validation.ort_runner import OrtCausalLM
-from lpes.validation.padding import left_pad
 
 
 @dataclass(frozen=True)
@@ -129,11 +130,14 @@ def _divergence_text(first: list[int | None]) -> str:
     return "differs (" + ", ".join(steps) + ")"
 
 
-def check_parity(model_path: Path, spec: Spec, onnx_dir: Path, dtype: str, num_tokens: int = 32) -> ParityReport:
-    """Compare the export in `onnx_dir` with `model_path` patched by `spec` (see the module docstring)."""
+def check_parity(model_path: Path, spec: Spec, onnx_dir: Path, dtype: str, num_tokens: int = 32,
+                 config: Any = None) -> ParityReport:
+    """Compare the export in `onnx_dir` with `model_path` patched by `spec` (see the module docstring).
+
+    `config`: the model's config with `spec` resolved for it (lpes-convert's ExportJob); None: read here.
+    """
     model_path, onnx_dir = Path(model_path), Path(onnx_dir)
-    config = load_config(model_path)
-    spec = spec.for_layers(config.num_hidden_layers)
+    config, spec = resolved_for_model(model_path, spec, config)
     runner = OrtCausalLM(onnx_dir)
     model = apply(load_model(model_path, dtype), spec)
     _no_early_stop(model)

@@ -1,9 +1,9 @@
 """Running an lpes TensorRT engine: one step, and greedy generation through its KV cache.
 
 Experimental: never run here (no machine of this project can install TensorRT). The same
-interface as `ort_runner.OrtCausalLM` (`greedy`, `greedy_with_logits`, `forward`, `provider`),
+interface as `onnx_runner.OrtCausalLM` (`greedy`, `greedy_with_logits`, `forward`, `provider`),
 so the key-value validation (`lpes-validate`) runs on an engine unchanged; the logit parity
-check (`validation/parity.py`) runs on the ONNX export in onnxruntime only.
+check (`exporters/onnx_parity.py`) runs on the ONNX export in onnxruntime only.
 
 Buffers are torch CUDA tensors: TensorRT reads and writes device memory by address, and
 torch is already a dependency, so no second CUDA binding is needed. Each step's `present`
@@ -19,8 +19,8 @@ import numpy as np
 
 from lpes.errors import LpesError
 from lpes.exporters import onnx_io
+from lpes.exporters.runners import greedy_decode
 from lpes.exporters.tensorrt import ENGINE_FILE, read_sidecar
-from lpes.validation.ort_runner import greedy_decode
 
 # TensorRT needs a non-null, 256-byte aligned address even for an empty tensor (past length 0).
 _EMPTY_BYTES = 256
@@ -32,10 +32,10 @@ class TrtCausalLM:
     def __init__(self, engine_dir: Path, device: int = 0):
         trt, torch = _import_runtime()
         self._torch = torch
-        from lpes.converter.trust import check_received_folder
+        from lpes.exporters.received import check_received_folder
 
         self.engine_dir = Path(engine_dir)
-        check_received_folder(self.engine_dir)  # its sidecar names no plugin or library (converter/trust.py)
+        check_received_folder(self.engine_dir)  # its sidecar names no plugin or library (exporters/received.py)
         self.sidecar = read_sidecar(self.engine_dir)
         path = self.engine_dir / ENGINE_FILE
         if not path.is_file():

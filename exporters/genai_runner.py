@@ -26,7 +26,7 @@ class GenaiGreedy:
             import onnxruntime_genai as og
         except ImportError:
             raise LpesError("validating a genai package needs onnxruntime-genai: pip install 'lpes[genai]'") from None
-        from lpes.converter.trust import check_received_folder
+        from lpes.exporters.received import check_received_folder
 
         check_received_folder(Path(package_dir))  # no library or outside file that the package names is opened
         self._og = og
@@ -62,10 +62,3 @@ class GenaiGreedy:
             if new[-1] == eos_token_id:
                 break
         return new
-
-
-def generate_greedy(
-    package_dir: Path, prompt_ids: list[int], max_new_tokens: int, eos_token_id: int | None = None
-) -> list[int]:
-    """The new token ids of one greedy generation with the package in `package_dir`."""
-    return GenaiGreedy(package_dir).greedy([prompt_ids], max_new_tokens, eos_token_id)[0]

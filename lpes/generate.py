@@ -1,0 +1,94 @@
+"""lpes-generate: greedy text from an lpes ONNX export in onnxruntime, with the export's own tokenizer."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from lpes.errors import LpesError
+from lpes.exporters.onnx_runner import OrtCausalLM
+from lpes.exporters.targets import targets_where
+
+
+def export_folder(folder: Path) -> Path:
+    """The export lpes-generate runs: in an lpes-convert output folder, or `folder` itself; else LpesError."""
+    (target,) = targets_where("generates")
+    found = target.find(folder)
+    if found is None and (Path(folder) / target.marker).is_file():
+        found = Path(folder)
+    if found is None:
+        raise LpesError(f"no {target.marker} in {folder}")
+    return found
+
+
+def generate_text(onnx_dir: Path, prompt: str, max_new_tokens: int = 64, provider: str | None = None,
+                  chat_template: bool = False) -> str:
+    """Greedy continuation of `prompt` by the export in `onnx_dir` (tokenizer from the same folder).
+
+    `chat_template`: send the prompt as the user turn of the tokenizer's chat template, when it has one
+    (lpes-generate's default; it says so on stderr).
+    """
+    from lpes.converter.loading import load_tokenizer
+    from lpes.validation.kv_data import has_chat_template, wrap_chat
+    from lpes.validation.scoring import encode_prompt
+    from lpes.validation.tasks import check_vocabulary
+
+    onnx_dir = Path(onnx_dir)
+    _warn_past_positions(onnx_dir, 0, max_new_tokens)  # --max-new-tokens 1000000000: refused before any work
+    tokenizer = load_tokenizer(onnx_dir)
+    check_vocabulary(tokenizer, [prompt], "the prompt")  # before the session loads: one line, not a traceback
+    if chat_template and has_chat_template(tokenizer):
+        prompt = wrap_chat(prompt, tokenizer)
+        print("lpes-generate: the prompt goes in as the user turn of the model's chat template "
+              "(--no-chat-template: as typed)", file=sys.stderr)
+    ids = encode_prompt(tokenizer, prompt)
+    _warn_past_positions(onnx_dir, len(ids), max_new_tokens)
+    lm = OrtCausalLM(onnx_dir, provider)
+    new = lm.greedy([ids], max_new_tokens, _eos_token_id(onnx_dir, tokenizer))[0]
+    return tokenizer.decode(new, skip_special_tokens=True)
+
+
+def _warn_past_positions(onnx_dir: Path, prompt_tokens: int, max_new_tokens: int) -> None:
+    """One line when generation may run past the positions the model was trained on (config.json); LpesError
+    past those its scales cover (trained x the largest scale of lpes_spec.json), or past MAX_POSITIONS."""
+    from lpes.files import read_json_object
+
+    path = onnx_dir / "config.json"
+    trained = read_json_object(path).get("max_position_embeddings") if path.is_file() else None
+    trained = trained if isinstance(trained, int) and not isinstance(trained, bool) and trained > 0 else None
+    last = prompt_tokens + max_new_tokens
+    scale = _largest_scale(onnx_dir)
+    covered = min(MAX_POSITIONS, int(trained * scale)) if trained else MAX_POSITIONS
+    if last > covered:
+        what = (f"the prompt ({prompt_tokens} tokens) + {max_new_tokens} new tokens" if prompt_tokens
+                else f"--max-new-tokens {max_new_tokens}")
+        why = (f"{trained} trained positions x its largest scale {scale:g}" if covered < MAX_POSITIONS
+               else "lpes-generate's limit")
+        raise LpesError(f"{what} would reach position {last}, past the {covered} this model covers ({why}); "
+                        "lower --max-new-tokens or shorten the prompt")
+    if trained and last > trained and prompt_tokens:
+        print(f"lpes-generate: note: the prompt ({prompt_tokens} tokens) + {max_new_tokens} new tokens may reach "
+              f"position {last}, past the {trained} the model was trained on (max_position_embeddings)",
+              file=sys.stderr)
+
+
+# Positions lpes-generate goes to at most (a KV cache this long is gigabytes even for a small model).
+MAX_POSITIONS = 1 << 20
+
+
+def _largest_scale(onnx_dir: Path) -> float:
+    from lpes.spec import load_spec
+
+    path = onnx_dir / "lpes_spec.json"
+    try:
+        return max(1.0, *load_spec(path).scales) if path.is_file() else 1.0
+    except (LpesError, ValueError, TypeError):
+        return 1.0
+
+
+def _eos_token_id(onnx_dir: Path, tokenizer) -> int | list[int] | None:
+    """The end-of-sequence id(s) from generation_config.json, else the tokenizer's."""
+    from lpes.converter.loading import read_generation_config
+
+    eos = read_generation_config(onnx_dir).get("eos_token_id")  # checked: an id, a list of ids, or null
+    return eos if eos not in (None, []) else tokenizer.eos_token_id
