@@ -552,7 +552,8 @@ class _Reporter:
             return ""
         per = (self.ended[-1] - self.ended[1]) / (len(self.ended) - 2)
         minutes, seconds = divmod(round(left * per), 60)
-        return f"; {left} generations left, ETA <= {minutes // 60}:{minutes % 60:02d}:{seconds:02d}"
+        return (f"; {left} generation{'s' if left > 1 else ''} left, "
+                f"ETA <= {minutes // 60}:{minutes % 60:02d}:{seconds:02d}")
 
     def step(self, label: str, candidates: int, verdicts: int) -> StepProgress:
         return StepProgress(label, candidates, verdicts, self.tokens, self.enabled)
