@@ -197,21 +197,10 @@ class CMASearch(GeneticSearch):
         try:
             while open_:
                 batch = open_[:max(1, self.settings.replicas)] if self.settings.racing else open_[:1]
-                jobs = []
+                jobs = [(runner.scales, [i for i in order if i not in runner.done][:self._chunk_size(runner)])
+                        for runner in batch]
+                progress.computed(self._score_jobs(batch, jobs, state))
                 for runner in batch:
-                    todo = [i for i in order if i not in runner.done]
-                    size = min(self.settings.chunk, max(self.settings.first_chunk, len(runner.done)))
-                    jobs.append((runner.scales, todo[:size] if self.settings.racing else todo))
-                many = getattr(self.evaluator, "correct_many", None)
-                results = (many(jobs) if many is not None and len(jobs) > 1
-                           else [self.evaluator.correct(scales, ids) for scales, ids in jobs])
-                progress.computed(sum(len(ids) for _, ids in jobs))
-                for runner, (_, ids), verdicts in zip(batch, jobs, results):
-                    runner.correct += sum(verdicts)
-                    runner.done.update(ids)
-                    runner.failed.update(i for i, ok in zip(ids, verdicts) if not ok)
-                    for i, ok in zip(ids, verdicts):
-                        state.failures[i] += not ok
                     if self._settle(runner, order):
                         open_.remove(runner)
                         self._record(runner, state)

@@ -342,6 +342,11 @@ class GeneticSearch:
             todo = sorted((i for i in range(self._total) if i not in runner.done),
                           key=lambda i: (-state.failures[i], i))
             jobs.append((runner.scales, todo[:self._chunk_size(runner)]))
+        return self._score_jobs(batch, jobs, state)
+
+    def _score_jobs(self, batch: list, jobs: list[tuple[tuple[float, ...], list[int]]], state: SearchState) -> int:
+        """Score job k, (scales, example ids), for runner k of `batch` (several at once, one per replica, where
+        the evaluator can) and add the verdicts to the runner and to the examples' failure counts; how many."""
         many = getattr(self.evaluator, "correct_many", None)
         if many is not None and len(jobs) > 1:
             results = many(jobs)
