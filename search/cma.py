@@ -43,7 +43,7 @@ import warnings
 from dataclasses import dataclass
 
 from lpes.errors import LpesError
-from lpes.search.ga import GeneticSearch, Scored, SearchState, _best, _selection_key
+from lpes.search.ga import GeneticSearch, Scored, SearchState, _best, _Runner, _selection_key
 from lpes.search.genome import Genome
 
 NAME = "cmaes"
@@ -261,17 +261,9 @@ def _cell(unit: float, count: int) -> int:
 
 
 @dataclass
-class _Challenger:
+class _Challenger(_Runner):
     """A sampled genome raced against the incumbent: its verdicts so far and, once decided, its depth."""
 
-    genome: Genome
-    key: str
-    scales: tuple[float, ...]
-    deviation: float
-    order: int
-    correct: int
-    done: set[int]
-    failed: set[int]
     fresh: bool = True  # not scored in full before this generation
     allowed: int = 0
     depth: int | None = 0  # where it was refuted along the order; None: it ranks above the incumbent
