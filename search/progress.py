@@ -66,7 +66,7 @@ class StepProgress:
         elapsed = max(time.perf_counter() - self.started, 1e-9)
         rate = (self.tokens() - self.tokens_before) / elapsed
         left = max(0, self.work - self.done)
-        eta = "?" if not self.computed_verdicts else _clock(left * elapsed / self.computed_verdicts)
+        eta = "?" if not self.computed_verdicts else clock(left * elapsed / self.computed_verdicts)
         parts = [self.label or None, f"{self.noun} {self.finished_count}/{self.candidates}",
                  f"{self.raced_out} raced out" if self.raced_out else None, f"{rate:.0f} tok/s", f"ETA <= {eta}"]
         return ", ".join(p for p in parts if p)
@@ -75,7 +75,8 @@ class StepProgress:
         self.bar.close()
 
 
-def _clock(seconds: float) -> str:
+def clock(seconds: float) -> str:
+    """H:MM:SS, or M:SS under an hour: how every lpes-search ETA is written."""
     seconds = round(seconds)
     hours, rest = divmod(seconds, 3600)
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"

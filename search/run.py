@@ -22,7 +22,7 @@ from lpes.search.baselines import BaselineResult, describe, parse_baselines, sca
 from lpes.search.fitness import METHODS, ModelEvaluator, UsageMeter
 from lpes.search.ga import GASettings, GeneticSearch, SearchState
 from lpes.search.genome import ScaleGrid, SearchSpace
-from lpes.search.progress import StepProgress
+from lpes.search.progress import StepProgress, clock
 from lpes.search.replicas import ReplicaPool, check_replica_options, open_pool
 from lpes.spec import ROPE_SCHEMES, RopeScheme, SearchTask, Spec, StockRope, dump_spec
 
@@ -45,7 +45,7 @@ class SearchOptions:
     # None: the optimizer's own (GA_POPULATION; 6 for CMA-ES, search/cma.py default_population).
     population: int | None = None
     generations: int = 20
-    # "cmaes": CMA-ES (search/cma.py), the default by bench/bench_search.py: 10-28x fewer tokens than the
+    # "cmaes": CMA-ES (search/cma.py), the default by bench/bench_search.py: 11-21x fewer tokens than the
     # plain GA at the same held-out accuracy on both bundled models; "ga": the papers' genetic algorithm.
     optimizer: str = "cmaes"
     # Stop once the best curve has not changed for this many generations (or can no longer change); 0: never.
@@ -552,9 +552,7 @@ class _Reporter:
         if left <= 0 or len(self.ended) < 3:
             return ""
         per = (self.ended[-1] - self.ended[1]) / (len(self.ended) - 2)
-        minutes, seconds = divmod(round(left * per), 60)
-        return (f"; {left} generation{'s' if left > 1 else ''} left, "
-                f"ETA <= {minutes // 60}:{minutes % 60:02d}:{seconds:02d}")
+        return f"; {left} generation{'s' if left > 1 else ''} left, ETA <= {clock(left * per)}"
 
     def step(self, label: str, candidates: int, verdicts: int) -> StepProgress:
         return StepProgress(label, candidates, verdicts, self.tokens, self.enabled)

@@ -91,6 +91,6 @@ def test_the_generation_line_says_what_the_generations_left_cost_at_most(monkeyp
         reporter.ended.append(now[0])
         if generation == 0:
             assert reporter.rest(generation) == ""  # no generation after 0 timed yet
-    assert reporter.rest(2) == "; 18 generations left, ETA <= 0:10:30"  # 18 x 35 s
-    assert reporter.rest(19) == "; 1 generation left, ETA <= 0:00:35"
+    assert reporter.rest(2) == "; 18 generations left, ETA <= 10:30"  # 18 x 35 s
+    assert reporter.rest(19) == "; 1 generation left, ETA <= 0:35"
     assert reporter.rest(20) == ""
