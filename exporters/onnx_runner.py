@@ -15,7 +15,7 @@ from lpes.devices import gpu_info
 from lpes.errors import LpesError
 from lpes.exporters import onnx_io
 from lpes.exporters.onnx_export import MODEL_FILE, read_metadata
-from lpes.exporters.runners import greedy_decode
+from lpes.exporters.runners import KVCacheGreedy, greedy_decode
 
 CPU, CUDA = "CPUExecutionProvider", "CUDAExecutionProvider"
 _PROVIDER_ALIASES = {"cpu": CPU, "cuda": CUDA, CPU.lower(): CPU, CUDA.lower(): CUDA}
@@ -43,7 +43,7 @@ def check_dtype_supported(dtype: str, provider: str | None = None) -> None:
         )
 
 
-class OrtCausalLM:
+class OrtCausalLM(KVCacheGreedy):
     """An lpes ONNX export folder, loaded into one onnxruntime session."""
 
     def __init__(self, onnx_dir: Path, provider: str | None = None, threads: int | None = None):
@@ -128,17 +128,6 @@ class OrtCausalLM:
         return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array, dtype=self.dtype))
 
     # -- generation -------------------------------------------------------------------------
-
-    def greedy(
-        self, input_ids: list[list[int]], max_new_tokens: int, eos_token_id: int | list[int] | None = None
-    ) -> list[list[int]]:
-        """Greedy continuation of each prompt (rows may differ in length; they are left-padded).
-
-        Returns the new tokens of each row only; a row stops after an end token (`eos_token_id`,
-        one id or several), which it keeps.
-        """
-        tokens, _ = self.greedy_with_logits(input_ids, max_new_tokens, eos_token_id)
-        return tokens
 
     def greedy_with_logits(
         self, input_ids: list[list[int]], max_new_tokens: int, eos_token_id: int | list[int] | None = None

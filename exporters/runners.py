@@ -81,6 +81,21 @@ def greedy_decode(step: Callable[..., tuple[np.ndarray, Any]], rows: list[list[i
     return new_tokens, step_logits
 
 
+class KVCacheGreedy:
+    """`greedy` for a runner whose `greedy_with_logits` steps `greedy_decode` (onnxruntime, TensorRT)."""
+
+    def greedy(
+        self, input_ids: list[list[int]], max_new_tokens: int, eos_token_id: int | list[int] | None = None
+    ) -> list[list[int]]:
+        """Greedy continuation of each prompt (rows may differ in length; they are left-padded).
+
+        Returns the new tokens of each row only; a row stops after an end token (`eos_token_id`,
+        one id or several), which it keeps.
+        """
+        tokens, _ = self.greedy_with_logits(input_ids, max_new_tokens, eos_token_id)
+        return tokens
+
+
 def model_device(model: Any) -> Any:
     """The torch device of a model's first parameter (cpu for one without parameters)."""
     import torch

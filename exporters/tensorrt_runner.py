@@ -19,14 +19,14 @@ import numpy as np
 
 from lpes.errors import LpesError
 from lpes.exporters import onnx_io
-from lpes.exporters.runners import greedy_decode
+from lpes.exporters.runners import KVCacheGreedy, greedy_decode
 from lpes.exporters.tensorrt import ENGINE_FILE, read_sidecar
 
 # TensorRT needs a non-null, 256-byte aligned address even for an empty tensor (past length 0).
 _EMPTY_BYTES = 256
 
 
-class TrtCausalLM:
+class TrtCausalLM(KVCacheGreedy):
     """An lpes TensorRT engine folder (`model.engine`, optionally `model.engine.json`) on one GPU."""
 
     def __init__(self, engine_dir: Path, device: int = 0):
@@ -168,13 +168,6 @@ class TrtCausalLM:
         )
 
     # -- generation -------------------------------------------------------------------------
-
-    def greedy(
-        self, input_ids: list[list[int]], max_new_tokens: int, eos_token_id: int | list[int] | None = None
-    ) -> list[list[int]]:
-        """Greedy continuation of each prompt (left-padded): the new tokens, each row stopping after an end token."""
-        tokens, _ = self.greedy_with_logits(input_ids, max_new_tokens, eos_token_id)
-        return tokens
 
     def greedy_with_logits(
         self, input_ids: list[list[int]], max_new_tokens: int, eos_token_id: int | list[int] | None = None
