@@ -36,16 +36,12 @@ class ModelEvaluator:
         self.usage = [ReplicaUsage() for _ in range(pool.size)]
 
     def correct(self, candidate: Candidate, example_ids: list[int]) -> list[bool]:
-        if isinstance(candidate, tuple) and not self.rope.linear:
-            candidate = SchemeScales(candidate, self.rope)
         # Every replica takes an equal share; a verdict depends on (candidate, example) only, so
         # how the chunk is cut never changes the result.
         shares = [example_ids[k::self.pool.size] for k in range(self.pool.size)]
         verdict = {}
-        for result in self.pool.score(candidate, [s for s in shares if s]):
-            self.forward_tokens += result.forward_tokens
-            self.usage[result.slot].busy_s += result.busy_s
-            self.usage[result.slot].forward_tokens += result.forward_tokens
+        for result in self.pool.score(self._scheme(candidate), [s for s in shares if s]):
+            self._count(result)
             verdict.update(zip(result.example_ids, result.verdicts))
         return [verdict[i] for i in example_ids]
 
@@ -71,16 +67,21 @@ class ModelEvaluator:
             round_ = shares[start:start + self.pool.size]
             calls = [(self._scheme(jobs[j][0]), ids) for j, ids in round_]
             for (j, _), result in zip(round_, score_many(calls)):
-                self.forward_tokens += result.forward_tokens
-                self.usage[result.slot].busy_s += result.busy_s
-                self.usage[result.slot].forward_tokens += result.forward_tokens
+                self._count(result)
                 verdicts[j].update(zip(result.example_ids, result.verdicts))
         return [[verdicts[j][i] for i in ids] for j, (_, ids) in enumerate(jobs)]
 
     def _scheme(self, candidate: Candidate) -> Candidate:
+        """A genome's scales as `--rope-type` applies them; stock baselines as they are."""
         if isinstance(candidate, tuple) and not self.rope.linear:
             return SchemeScales(candidate, self.rope)
         return candidate
+
+    def _count(self, result) -> None:
+        """What one replica's share cost: the search's tokens and that replica's busy time and tokens."""
+        self.forward_tokens += result.forward_tokens
+        self.usage[result.slot].busy_s += result.busy_s
+        self.usage[result.slot].forward_tokens += result.forward_tokens
 
 
 class UsageMeter:
