@@ -55,9 +55,11 @@ def rope_cos_sin(
     attention_scaling: float,
     dtype: torch.dtype,
     interleaved: bool = False,
+    angle_dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin exactly as transformers' rotary modules compute them (float32 angles)."""
-    freqs = position_ids[..., None].float() * inv_freq.float()
+    """cos/sin exactly as transformers' rotary modules compute them (float32 angles; float64 only where a
+    float64 gradient check asks for it)."""
+    freqs = position_ids[..., None].to(angle_dtype) * inv_freq.to(angle_dtype)
     # Most models rotate halves ([f, f]); a few (Cohere, GLM) rotate adjacent pairs.
     emb = torch.repeat_interleave(freqs, 2, dim=-1) if interleaved else torch.cat((freqs, freqs), dim=-1)
     return (emb.cos() * attention_scaling).to(dtype), (emb.sin() * attention_scaling).to(dtype)
@@ -122,9 +124,14 @@ class LayerScaledRotary(nn.Module):
     """Wraps a model's rotary module; also yields each distinct scale's `(cos, sin)` under the scheme `rope`."""
 
     def __init__(self, base: nn.Module, scales_by_type: dict[str | None, list[float]], interleaved: bool,
-                 rope: dict | None = None, config=None):
+                 rope: dict | None = None, config=None, layer_scales: torch.Tensor | None = None,
+                 layer_types: list[str | None] | None = None):
+        """`layer_scales` (linear only): one scale per layer as a tensor that autograd follows (lpes-search
+        --optimizer gradient); every layer then gets its own (cos, sin), at 1.0 too, in `per_layer`."""
         super().__init__()
         self.base = base
+        self.layer_scales = layer_scales
+        self.layer_types = list(layer_types or [])
         self.interleaved = interleaved
         self.rope = dict(rope or {"rope_type": "linear"})
         rope_type = self.rope["rope_type"]
@@ -144,8 +151,11 @@ class LayerScaledRotary(nn.Module):
                 for scale in scales:
                     parameters = scheme_rope_parameters(own, config.max_position_embeddings, self.rope, scale)
                     self.layer_ropes[(layer_type, scale)] = LayerRope(config, parameters)
+        if layer_scales is not None and rope_type != "linear":
+            raise ValueError("differentiable layer scales are for the linear scheme only")
         # Filled by forward, read by the decoder layers' pre-hooks within the same model call.
         self.per_scale: dict[tuple[str | None, float], tuple[torch.Tensor, torch.Tensor]] = {}
+        self.per_layer: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def uses_own_rope(self, layer_type: str | None, scale: float) -> bool:
         """Whether a layer at `scale` keeps the model's own (cos, sin)."""
@@ -166,7 +176,19 @@ class LayerScaledRotary(nn.Module):
             self.per_scale[(layer_type, scale)] = rope_cos_sin(
                 inv_freq, position_ids, attention_scaling, cos_sin[0].dtype, self.interleaved
             )
+        if self.layer_scales is not None:
+            self._differentiable(layer_type, position_ids, cos_sin[0].dtype)
         return cos_sin
+
+    def _differentiable(self, layer_type: str | None, position_ids: torch.Tensor, dtype: torch.dtype) -> None:
+        """Each layer's (cos, sin) from `inv_freq / layer_scales[h]`, in the graph autograd differentiates."""
+        inv_freq = rope_attribute(self.base, "inv_freq", layer_type)
+        scaling = rope_attribute(self.base, "attention_scaling", layer_type)
+        angles = torch.promote_types(self.layer_scales.dtype, torch.float32)  # float64 for a gradient check
+        for h, own_type in enumerate(self.layer_types):
+            if own_type == layer_type:
+                self.per_layer[h] = rope_cos_sin(inv_freq / self.layer_scales[h], position_ids, scaling, dtype,
+                                                 self.interleaved, angles)
 
 
 def rope_attribute(rotary: nn.Module, name: str, layer_type: str | None = None):
@@ -192,6 +214,14 @@ def _layer_hook(rotary: LayerScaledRotary, layer_type: str | None, scale: float)
     return swap_position_embeddings
 
 
+def _differentiable_layer_hook(rotary: LayerScaledRotary, layer: int):
+    def swap_position_embeddings(module, args, kwargs):
+        kwargs["position_embeddings"] = rotary.per_layer[layer]
+        return args, kwargs
+
+    return swap_position_embeddings
+
+
 def resolve_attribute(root: nn.Module, dotted: str) -> nn.Module:
     """`root.a.b` for "a.b" (raises AttributeError where a name is missing)."""
     for name in dotted.split("."):
@@ -201,7 +231,7 @@ def resolve_attribute(root: nn.Module, dotted: str) -> nn.Module:
 
 def apply_layer_scales(
     model: nn.Module,
-    scales: list[float],
+    scales: list[float] | torch.Tensor,
     layers_path: str = "model.layers",
     rotary_path: str = "model.rotary_emb",
     layer_types: list[str] | None = None,
@@ -215,9 +245,11 @@ def apply_layer_scales(
     `{"rope_type": "dynamic"}` give layer h transformers' RoPE of that type at factor
     scales[h]. `layer_types` names each layer's RoPE type for models with per-layer-type RoPE
     (Gemma 3's `config.layer_types`); None for a single rotary. Applying twice replaces the
-    earlier scales.
+    earlier scales. A 1-D tensor of `scales` (linear only) is differentiable: autograd reaches each
+    layer's scale through its (cos, sin), for lpes-search --optimizer gradient.
     """
     layers = resolve_attribute(model, layers_path)
+    differentiable = isinstance(scales, torch.Tensor)
     if len(scales) != len(layers):
         raise ValueError(f"{len(scales)} scales for {len(layers)} decoder layers")
     owner_path, _, attr = rotary_path.rpartition(".")
@@ -225,16 +257,22 @@ def apply_layer_scales(
     base = unwrapped_rotary(getattr(owner, attr))
     types = layer_types or [None] * len(layers)
     scales_by_type: dict[str | None, list[float]] = {}
-    for layer_type, scale in zip(types, scales):
+    for layer_type, scale in zip(types, [] if differentiable else scales):
         scales_by_type.setdefault(layer_type, []).append(float(scale))
     config = getattr(base, "config", None)
     config = config if config is not None else getattr(model, "config", None)
-    rotary = LayerScaledRotary(base, scales_by_type, interleaved, rope, config)
+    rotary = LayerScaledRotary(base, scales_by_type, interleaved, rope, config,
+                               layer_scales=scales if differentiable else None, layer_types=types)
     setattr(owner, attr, rotary)
-    for layer, layer_type, scale in zip(layers, types, scales):
+    for h, (layer, layer_type) in enumerate(zip(layers, types)):
         for handle in getattr(layer, "_lpes_hooks", []):
             handle.remove()
         layer._lpes_hooks = []
+        if differentiable:
+            layer._lpes_hooks = [layer.register_forward_pre_hook(_differentiable_layer_hook(rotary, h),
+                                                                 with_kwargs=True)]
+            continue
+        scale = scales[h]
         if not rotary.uses_own_rope(layer_type, scale):
             hook = _layer_hook(rotary, layer_type, float(scale))
             layer._lpes_hooks = [layer.register_forward_pre_hook(hook, with_kwargs=True)]

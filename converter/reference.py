@@ -28,9 +28,25 @@ _OWN_ROTARY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def apply(model: nn.Module, spec: Spec) -> nn.Module:
     """Make each decoder layer of `model` use `inv_freq / s_h`; returns the same model."""
     config = model.config
-    arch = architecture_for(config)
     spec = spec.for_layers(config.num_hidden_layers)
-    kwargs = arch.patch_kwargs(config)
+    kwargs = _patch_kwargs(model)
+    check_rope_scheme(config, spec.rope)
+    rope = None if spec.rope.linear else spec.rope.for_lpes_rope()
+    return lpes_rope.apply_layer_scales(model, list(spec.scales), rope=rope, **kwargs)
+
+
+def apply_differentiable(model: nn.Module, scales: torch.Tensor) -> nn.Module:
+    """Each decoder layer at `inv_freq / scales[h]` (linear), with autograd following `scales` into the
+    model's loss: what lpes-search --optimizer gradient descends. Re-apply after each change of `scales`."""
+    if scales.shape != (model.config.num_hidden_layers,):
+        raise ValueError(f"{tuple(scales.shape)} scales for {model.config.num_hidden_layers} decoder layers")
+    return lpes_rope.apply_layer_scales(model, scales, **_patch_kwargs(model))
+
+
+def _patch_kwargs(model: nn.Module) -> dict:
+    """Where `model`'s layers and rotary are, with its own rotary back in place and its layout checked."""
+    config = model.config
+    kwargs = architecture_for(config).patch_kwargs(config)
     _restore_own_rotary(model, kwargs["rotary_path"])
     try:
         rotary = lpes_rope.resolve_attribute(model, kwargs["rotary_path"])
@@ -41,9 +57,7 @@ def apply(model: nn.Module, spec: Spec) -> nn.Module:
         ) from None
     if not isinstance(rotary, lpes_rope.LayerScaledRotary):  # checked when first wrapped; search swaps often
         _check_rope_layout(rotary, kwargs["layer_types"], kwargs["interleaved"], config.model_type)
-    check_rope_scheme(config, spec.rope)
-    rope = None if spec.rope.linear else spec.rope.for_lpes_rope()
-    return lpes_rope.apply_layer_scales(model, list(spec.scales), rope=rope, **kwargs)
+    return kwargs
 
 
 def check_rope_scheme(config, rope: RopeScheme) -> None:

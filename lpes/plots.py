@@ -116,7 +116,7 @@ def _draw_control_points(ax, points: Sequence[Sequence[float]]) -> None:
 
 
 def plot_fitness(history: list[dict], path: Path, *, uniform: dict | None = None, examples: int | None = None,
-                 model: str | None = None, stock: Sequence[dict] = ()) -> Path:
+                 model: str | None = None, stock: Sequence[dict] = (), objective: str = "accuracy") -> Path:
     """Calibration accuracy per generation (parents' best, fully scored children's mean), and the work done.
 
     `uniform` is the search's uniform scan ({"scale", "fitness"}), drawn as the baseline the
@@ -140,14 +140,18 @@ def plot_fitness(history: list[dict], path: Path, *, uniform: dict | None = None
     means = [(h["generation"], h["mean_scored"]) for h in history if h["mean_scored"] is not None]
     if means:
         top.plot(*zip(*means), "s--", color="C2", alpha=0.8, label="mean of the children scored in full")
-    top.set_ylabel("calibration accuracy\n(fitness, share correct)")
-    top.set_ylim(-0.03, 1.08)
+    if objective == "accuracy":
+        top.set_ylabel("calibration accuracy\n(fitness, share correct)")
+        top.set_ylim(-0.03, 1.08)
+    else:  # lpes-search --objective logprob: no fixed range
+        top.set_ylabel("calibration objective\n(mean gold log-likelihood)")
     top.grid(alpha=0.3)
     top.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize="small")
     _plot_work(bottom, history)
     on = f" on {model}" if model else ""
     size = f"{examples} calibration examples, " if examples else ""
-    top.set_title(f"lpes-search{on}: calibration accuracy by generation\n"
+    top.set_title(f"lpes-search{on}: calibration {'accuracy' if objective == 'accuracy' else 'objective'} "
+                  "by generation\n"
                   f"({size}{len(history) - 1} generations after generation 0)", fontsize="medium")
     return save_figure(fig, path)
 

@@ -12,6 +12,7 @@ from lpes.search.run import (
     MAX_BATCH_SIZE,
     MAX_GENERATIONS,
     MAX_POPULATION,
+    OBJECTIVES,
     OPTIMIZERS,
     SearchOptions,
     search,
@@ -26,13 +27,17 @@ examples:
   lpes-search lpes-tiny-kv --out kv-out/best.json --data tiny-kv:examples=8 --population 12 --generations 8
   lpes-search lpes-tiny-kv --out best.json --population 12 --generations 6
   lpes-search meta-llama/Llama-2-7b-chat-hf --out best.json --data kv:pairs=75,examples=40,gold=0+24+49+74
+  lpes-search lpes-tiny-kv --out grad-out/best.json --optimizer gradient --objective logprob --scale-grid 0.5:4:0.25
 
 {data}The held-out examples (--holdout, default 100) come from the same description, held out as
 above, taken in turn from each gold index, and are capped at what the description holds (40
 for tiny-kv:examples=8; the search says so in one line).
 
 Fitness (Eq. 7 of the LPES paper) is the share of calibration examples answered correctly,
-checked in one forward pass per example (teacher forcing; see README). Candidates that
+checked in one forward pass per example (teacher forcing; see README). --objective logprob
+climbs the mean log-likelihood of the gold answer's tokens instead (each gold position counts
+the same), which moves with every curve where verdicts do not; --optimizer gradient climbs it
+by autograd through the per-layer RoPE, one Adam step per generation. Candidates that
 cannot reach the current parents are raced out early, and no scale vector is scored
 twice, so the result is that of a plain GA at a fraction of the cost (bench/RESULTS.md).
 The state is saved after every generation: run the same command again to resume an
@@ -55,8 +60,16 @@ def build_parser() -> argparse.ArgumentParser:
                         help="what to calibrate on: " + DATA_FLAG + "the model folder's lpes_task.json, else kv "
                         "with 75 pairs, 25 examples, gold 0+24+49+74")
     parser.add_argument("--optimizer", default=DEFAULTS.optimizer, choices=list(OPTIMIZERS),
-                        help="what breeds the candidates: ga (the papers' genetic algorithm) or cmaes (CMA-ES over "
-                        "the same genome and grid); both race exactly and resume alike (default %(default)s)")
+                        help="what breeds the candidates: ga (the papers' genetic algorithm), cmaes (CMA-ES over "
+                        "the same genome and grid; both race exactly and resume alike), or gradient (Adam on the "
+                        "curve's control scales, within the --scale-grid bounds; needs --objective logprob) "
+                        "(default %(default)s)")
+    parser.add_argument("--objective", default=DEFAULTS.objective, choices=list(OBJECTIVES),
+                        help="what the optimizer climbs: accuracy (Eq. 7, right/wrong verdicts) or logprob (the "
+                        "gold answer's mean log-likelihood, each gold position weighted equally); held-out "
+                        "checks and validation report accuracy either way (default %(default)s)")
+    parser.add_argument("--learning-rate", type=float, default=DEFAULTS.learning_rate, metavar="LR",
+                        help="--optimizer gradient: Adam's step in log-scale per generation (default %(default)s)")
     parser.add_argument("--population", type=int, default=DEFAULTS.population,
                         help=f"genomes per generation, 2..{MAX_POPULATION} (default: {GA_POPULATION} for ga, "
                         "6 for cmaes)")
@@ -129,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         chat_template=args.chat_template, ray=args.ray, replicas=args.replicas,
         gpus_per_replica=args.gpus_per_replica, baselines=args.baselines, rope_type=args.rope_type,
         answer_tokens=args.answer_tokens, optimizer=args.optimizer, patience=args.patience,
+        objective=args.objective, learning_rate=args.learning_rate,
     )
     search(args.model, args.out, options, force=args.force)
     return 0

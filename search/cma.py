@@ -270,3 +270,93 @@ class _Challenger(_Runner):
 
     def rank(self, total: int) -> tuple:
         return _selection_key(self.correct, self.deviation, self.order)
+
+
+class LogprobCMASearch(CMASearch):
+    """CMA-ES on the gold answer's likelihood (`--objective logprob`): every sample scored on every example.
+
+    A mean of log-likelihoods has no bound that refutes a sample early as right/wrong counts do,
+    so there is no racing; the uniform scan, the incumbent, the told ranking (objective, then the
+    gentler curve, then sampling order), checkpoints and replay are as above.
+    """
+
+    def __init__(self, *args, weights: list[float], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.weights = weights
+
+    def run(self, state: SearchState | None = None) -> SearchState:
+        state = state or SearchState(failures=[0] * self.evaluator.num_examples)
+        self._tokens_before = state.forward_tokens - self.evaluator.forward_tokens
+        version = _cmaes().__version__
+        if not state.parents:
+            genomes = [self.space.uniform(scale) for scale in self.space.grid.values]
+            tokens_before = self.evaluator.forward_tokens
+            scored = self._score_all(genomes, state, self._label(0, "uniform scan"))
+            best = _best_by_objective(scored)
+            state.uniform = {"scale": self.space.grid.values[best.genome.y_index[0]], "fitness": best.fitness,
+                             "tokens": self.evaluator.forward_tokens - tokens_before}
+            state.parents = [best]
+            state.optimizer = {"name": NAME, "version": version, "objective": "logprob", "told": []}
+        elif (state.optimizer or {}).get("objective") != "logprob" or state.optimizer.get("version") != version:
+            raise LpesError("the checkpoint is not from a cmaes search of --objective logprob with cmaes "
+                            f"{version}: resume it with its own settings, or delete it to start over")
+        optimizer = self._replay(state)
+        while len(state.optimizer["told"]) <= self.settings.generations and state.stop_reason is None:
+            self._objective_generation(state, optimizer)
+        return state
+
+    def _objective_generation(self, state: SearchState, optimizer) -> None:
+        generation = len(state.optimizer["told"])
+        samples = [optimizer.ask() for _ in range(self.settings.population)]
+        genomes = [self._decode(x) for x in samples]
+        unique = list({self._key(g): g for g in genomes}.values())
+        state.duplicates_skipped += len(genomes) - len(unique)
+        label = self._label(generation, "first population") if generation == 0 else self._label(generation)
+        scored = {self._key(s.genome): s for s in self._score_all(unique, state, label)}
+        told = [0.0] * len(samples)
+        ranked = sorted(range(len(samples)), key=lambda j: (-scored[self._key(genomes[j])].fitness,
+                                                             round(scored[self._key(genomes[j])].deviation, 9), j))
+        for position, j in enumerate(ranked):
+            told[j] = float(position)
+        optimizer.tell(list(zip(samples, told)))
+        state.optimizer["told"].append(told)
+        before = state.parents[0]
+        state.parents = [_best_by_objective([before, *scored.values()])]
+        state.generation = generation
+        if generation:
+            self._track_best(state, before)
+        self._end_generation(state, random.Random(0), list(scored.values()))
+
+    def _score_all(self, genomes: list, state: SearchState, label: str) -> list[Scored]:
+        """Each genome's objective on every example (one known from before is not scored again)."""
+        fresh = [g for g in genomes if (state.seen.get(self._key(g)) or [None])[0] is None]
+        progress = self.step_progress(label, len(genomes), len(fresh) * self._total)
+        for _ in range(len(genomes) - len(fresh)):
+            progress.finished()
+        everything = list(range(self._total))
+        try:
+            for start in range(0, len(fresh), max(1, self.settings.replicas)):
+                batch = fresh[start:start + max(1, self.settings.replicas)]
+                results = self.evaluator.logprobs_many([(self._scales(g), everything) for g in batch])
+                for genome, (logprobs, verdicts) in zip(batch, results):
+                    objective = sum(w * v for w, v in zip(self.weights, logprobs))
+                    state.seen[self._key(genome)] = [objective, len(state.seen), [i for i, ok in enumerate(verdicts)
+                                                                                  if not ok]]
+                    state.evaluations += 1
+                    if objective > state.best_fitness or state.evaluations == 1:
+                        state.best_fitness, state.tokens_to_best = objective, self._tokens_now()
+                        state.improvements.append([objective, state.tokens_to_best])
+                    progress.computed(self._total)
+                    progress.finished()
+        finally:
+            progress.close()
+        out = []
+        for genome in genomes:
+            objective, order, _ = state.seen[self._key(genome)]
+            out.append(Scored(genome, objective, order, self._deviation(self._scales(genome))))
+        return out
+
+
+def _best_by_objective(scored: list[Scored]) -> Scored:
+    """The highest objective; at a tie the gentler curve (with gentle ties), then the earlier one."""
+    return min(scored, key=lambda s: (-s.fitness, round(s.deviation, 9), s.order))

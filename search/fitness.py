@@ -16,6 +16,9 @@ from lpes.search.replicas import Candidate, ReplicaPool, SchemeScales
 from lpes.spec import LINEAR_ROPE, RopeScheme
 
 METHODS = ("teacher-forced", "greedy")
+# A backward pass costs about two forward passes (it computes the gradients of activations and of
+# the inputs of each matmul); the cost benchmark counts forward + backward as 3 forward passes.
+BACKWARD_PASSES = 3
 
 
 @dataclass
@@ -71,17 +74,43 @@ class ModelEvaluator:
                 verdicts[j].update(zip(result.example_ids, result.verdicts))
         return [[verdicts[j][i] for i in ids] for j, (_, ids) in enumerate(jobs)]
 
+    def logprobs_many(self, jobs: list[tuple[Candidate, list[int]]]) -> list[tuple[list[float], list[bool]]]:
+        """Per (candidate, example ids) job: each example's gold log-likelihood and teacher-forced verdict,
+        the jobs cut and spread over the replicas as `correct_many` does (values do not depend on the cut)."""
+        shares = [(j, ids[k::self.pool.size]) for j, (_, ids) in enumerate(jobs) for k in range(self.pool.size)]
+        shares = [(j, ids) for j, ids in shares if ids]
+        found: list[dict[int, tuple[float, bool]]] = [{} for _ in jobs]
+        for start in range(0, len(shares), self.pool.size):
+            round_ = shares[start:start + self.pool.size]
+            for (j, _), result in zip(round_, self.pool.objective_many([(self._scheme(jobs[j][0]), ids)
+                                                                        for j, ids in round_])):
+                self._count(result)
+                found[j].update(zip(result.example_ids, zip(result.logprobs, result.argmax_correct)))
+        return [([found[j][i][0] for i in ids], [found[j][i][1] for i in ids]) for j, (_, ids) in enumerate(jobs)]
+
+    def gradients(self, scales: tuple[float, ...], batches: list[list[int]], weights: list[float]) -> list:
+        """Per batch (fixed by the caller, so its rounding is the same on any layout): its GradientResult,
+        the batches spread over the replicas. A backward pass is counted as two forward passes."""
+        results = []
+        for start in range(0, len(batches), self.pool.size):
+            round_ = batches[start:start + self.pool.size]
+            for result in self.pool.gradient_many([(scales, ids, [weights[i] for i in ids]) for ids in round_]):
+                self._count(result, passes=BACKWARD_PASSES)
+                results.append(result)
+        return results
+
     def _scheme(self, candidate: Candidate) -> Candidate:
         """A genome's scales as `--rope-type` applies them; stock baselines as they are."""
         if isinstance(candidate, tuple) and not self.rope.linear:
             return SchemeScales(candidate, self.rope)
         return candidate
 
-    def _count(self, result) -> None:
-        """What one replica's share cost: the search's tokens and that replica's busy time and tokens."""
-        self.forward_tokens += result.forward_tokens
+    def _count(self, result, passes: int = 1) -> None:
+        """What one replica's share cost: the search's tokens and that replica's busy time and tokens
+        (`passes`: token-equivalents per position, 3 for a forward and a backward)."""
+        self.forward_tokens += passes * result.forward_tokens
         self.usage[result.slot].busy_s += result.busy_s
-        self.usage[result.slot].forward_tokens += result.forward_tokens
+        self.usage[result.slot].forward_tokens += passes * result.forward_tokens
 
 
 class UsageMeter:

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
-from lpes.search.genome import Genome, SearchSpace
+from lpes.search.genome import Genome, SearchSpace, curve_from_json
 
 
 class Evaluator(Protocol):
@@ -103,7 +103,7 @@ class SearchState:
     @classmethod
     def from_json(cls, data: dict) -> SearchState:
         state = cls(**{k: v for k, v in data.items() if k != "parents"})
-        state.parents = [Scored(Genome.from_json(g), f, o, d) for g, f, o, d in data["parents"]]
+        state.parents = [Scored(curve_from_json(g), f, o, d) for g, f, o, d in data["parents"]]
         return state
 
 

@@ -65,6 +65,29 @@ class Genome:
 
 
 @dataclass(frozen=True)
+class Curve:
+    """A curve off the grid: control points (x, scale) that a gradient search moves continuously."""
+
+    points: tuple[tuple[float, float], ...]
+
+    def control_points(self, grid: ScaleGrid, num_layers: int) -> list[list[float]]:
+        return [list(p) for p in self.points]
+
+    def spec(self, grid: ScaleGrid, num_layers: int) -> Spec:
+        return Spec.from_curve(self.control_points(grid, num_layers), num_layers)
+
+    def to_json(self) -> dict:
+        return {"points": [list(p) for p in self.points]}
+
+
+def curve_from_json(data) -> Genome | Curve:
+    """A checkpoint's best curve: a Genome on the grid (GA, CMA-ES) or a Curve (gradient)."""
+    if isinstance(data, dict):
+        return Curve(tuple((float(x), float(y)) for x, y in data["points"]))
+    return Genome.from_json(data)
+
+
+@dataclass(frozen=True)
 class SearchSpace:
     grid: ScaleGrid
     num_layers: int

@@ -77,6 +77,32 @@ class ShareResult:
     busy_s: float
 
 
+@dataclass(frozen=True)
+class ObjectiveResult:
+    """One replica's gold log-likelihoods (and teacher-forced verdicts) on its share of a chunk."""
+
+    slot: int
+    example_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    argmax_correct: tuple[bool, ...]
+    forward_tokens: int
+    busy_s: float
+
+
+@dataclass(frozen=True)
+class GradientResult:
+    """One batch's weighted objective and its gradient with respect to each layer's scale (dJ/ds_h)."""
+
+    slot: int
+    example_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    argmax_correct: tuple[bool, ...]
+    objective: float  # sum over the batch of weight x log-likelihood
+    gradient: tuple[float, ...]
+    forward_tokens: int  # positions of the forward pass (the backward costs about two more)
+    busy_s: float
+
+
 class ReplicaPool(Protocol):
     size: int
     layout: ReplicaLayout
@@ -91,6 +117,14 @@ class ReplicaPool(Protocol):
 
     def greedy_accuracy(self, scales: Candidate, examples: list[Example]) -> float:
         """Greedy accuracy (the benchmark's test) of `scales` on `examples`, on one replica."""
+        ...
+
+    def objective_many(self, jobs: list[tuple[Candidate, list[int]]]) -> list[ObjectiveResult]:
+        """Gold log-likelihoods of each (candidate, example ids) job, at most one job per replica, in order."""
+        ...
+
+    def gradient_many(self, jobs: list[tuple[tuple[float, ...], list[int], list[float]]]) -> list[GradientResult]:
+        """Per (scales, one batch's example ids, their weights) job: the batch's objective and dJ/ds."""
         ...
 
     def close(self) -> None: ...
@@ -186,6 +220,42 @@ class Replica:
         scores = score(self.model, self.tokenizer, examples, _batch_size(candidate, self.batch_size))
         return ShareResult(self.slot, tuple(example_ids), tuple(r.correct for r in scores.results),
                            scores.forward_tokens, time.perf_counter() - started)
+
+    def objective(self, candidate: Candidate, example_ids: Sequence[int]) -> ObjectiveResult:
+        from lpes.validation.scoring import answer_logprobs
+
+        started = time.perf_counter()
+        self._use(candidate)
+        examples = [self.examples[i] for i in example_ids]
+        logprobs, verdicts, tokens = answer_logprobs(self.model, self.tokenizer, examples,
+                                                     _batch_size(candidate, self.batch_size))
+        return ObjectiveResult(self.slot, tuple(example_ids), tuple(logprobs), tuple(verdicts), tokens,
+                               time.perf_counter() - started)
+
+    def gradient(self, scales: tuple[float, ...], example_ids: Sequence[int],
+                 weights: Sequence[float]) -> GradientResult:
+        """One forward and backward pass over the batch `example_ids` at the linear per-layer `scales`."""
+        import torch
+
+        from lpes.converter.reference import apply_differentiable
+        from lpes.validation.scoring import answer_logprob_batches
+
+        started = time.perf_counter()
+        self._candidate = None  # the next candidate replaces the differentiable patch
+        self.model.requires_grad_(False)  # the weights stay frozen: only the scales get gradients
+        dtype = torch.promote_types(next(self.model.parameters()).dtype, torch.float32)
+        device = next(self.model.parameters()).device
+        layer_scales = torch.tensor(scales, dtype=dtype, device=device, requires_grad=True)
+        apply_differentiable(self.model, layer_scales)
+        examples = [self.examples[i] for i in example_ids]
+        [(rows, tokens)] = list(answer_logprob_batches(self.model, self.tokenizer, examples, grad=True,
+                                                       batches=[list(range(len(examples)))]))
+        objective = sum(w * r.logprob for w, r in zip(weights, rows))
+        objective.backward()
+        return GradientResult(self.slot, tuple(example_ids), tuple(float(r.logprob) for r in rows),
+                              tuple(r.argmax_correct for r in rows), float(objective),
+                              tuple(float(g) for g in layer_scales.grad.double()), tokens,
+                              time.perf_counter() - started)
 
     def greedy_accuracy(self, scales: Candidate, examples: list[Example]) -> float:
         from lpes.validation.scoring import greedy_correct
@@ -294,10 +364,20 @@ class LocalPool:
         return self.score_many([(candidate, share) for share in shares])
 
     def score_many(self, jobs: list[tuple[Candidate, list[int]]]) -> list[ShareResult]:
+        return self._call_many("score", jobs)
+
+    def objective_many(self, jobs: list[tuple[Candidate, list[int]]]) -> list[ObjectiveResult]:
+        return self._call_many("objective", jobs)
+
+    def gradient_many(self, jobs: list[tuple[tuple[float, ...], list[int], list[float]]]) -> list[GradientResult]:
+        return self._call_many("gradient", jobs)
+
+    def _call_many(self, method: str, jobs: list[tuple]) -> list:
+        """Replica k runs `method(*jobs[k])`; at most one job per replica."""
         runs = list(zip(self.replicas, jobs))
         if self._threads is None:
-            return [replica.score(*job) for replica, job in runs]
-        return list(self._threads.map(lambda run: run[0].score(*run[1]), runs))
+            return [getattr(replica, method)(*job) for replica, job in runs]
+        return list(self._threads.map(lambda run: getattr(run[0], method)(*run[1]), runs))
 
     def greedy_accuracy(self, scales: Candidate, examples: list[Example]) -> float:
         return self.replicas[0].greedy_accuracy(scales, examples)
@@ -360,8 +440,17 @@ class RayPool:
         return self.score_many([(candidate, share) for share in shares])
 
     def score_many(self, jobs: list[tuple[Candidate, list[int]]]) -> list[ShareResult]:
-        results = self._run_all([lambda actor, job=job: actor.score.remote(*job) for job in jobs])
-        if any(list(r.example_ids) != list(ids) for r, (_, ids) in zip(results, jobs)):
+        return self._call_many("score", jobs)
+
+    def objective_many(self, jobs: list[tuple[Candidate, list[int]]]) -> list[ObjectiveResult]:
+        return self._call_many("objective", jobs)
+
+    def gradient_many(self, jobs: list[tuple[tuple[float, ...], list[int], list[float]]]) -> list[GradientResult]:
+        return self._call_many("gradient", jobs)
+
+    def _call_many(self, method: str, jobs: list[tuple]) -> list:
+        results = self._run_all([lambda actor, job=job: getattr(actor, method).remote(*job) for job in jobs])
+        if any(list(r.example_ids) != list(job[1]) for r, job in zip(results, jobs)):
             raise RuntimeError("replica results came back out of order")  # ActorPool.get_next keeps order
         return results
 

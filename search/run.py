@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
@@ -22,12 +23,14 @@ from lpes.search.baselines import BaselineResult, describe, parse_baselines, sca
 from lpes.search.fitness import METHODS, ModelEvaluator, UsageMeter
 from lpes.search.ga import GASettings, GeneticSearch, SearchState
 from lpes.search.genome import ScaleGrid, SearchSpace
+from lpes.search.objective import OBJECTIVES, gold_weights
 from lpes.search.progress import StepProgress, clock
 from lpes.search.replicas import ReplicaPool, check_replica_options, open_pool
 from lpes.spec import ROPE_SCHEMES, RopeScheme, SearchTask, Spec, StockRope, dump_spec
 
 TIES = ("gentle", "first")
-OPTIMIZERS = ("ga", "cmaes")  # the papers' genetic algorithm; CMA-ES (search/cma.py)
+# the papers' genetic algorithm; CMA-ES (search/cma.py); Adam on the curve by autograd (search/gradient.py)
+OPTIMIZERS = ("ga", "cmaes", "gradient")
 GA_POPULATION = 32  # LongRoPE's GA used 64; racing makes a larger one cheap, 32 is enough for 4 points
 DTYPE_CHOICES = ("auto", "float32", "float16", "bfloat16")
 # Sane bounds: beyond them a typo would run for days or allocate without end.
@@ -78,6 +81,9 @@ class SearchOptions:
     # How each layer applies its scale (lpes_rope.py): linear inv_freq / s, or transformers' yarn / dynamic
     # at factor s, whose uniform curves are the stock baselines of that type.
     rope_type: str = "linear"
+    # What the optimizer climbs (search/objective.py): Eq. 7's verdicts, or the gold answer's log-likelihood.
+    objective: str = "accuracy"
+    learning_rate: float = 0.1  # --optimizer gradient: Adam's step in log-scale (search/gradient.py)
 
 
 def check_options(options: SearchOptions) -> tuple[ScaleGrid, GASettings]:
@@ -90,6 +96,7 @@ def check_options(options: SearchOptions) -> tuple[ScaleGrid, GASettings]:
     _check_range("--patience", options.patience, 0, MAX_GENERATIONS)
     if options.optimizer not in OPTIMIZERS:
         raise LpesError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {options.optimizer!r}")
+    _check_objective(options)
     _check_range("--degree", options.degree, 1, MAX_DEGREE)
     if options.method not in METHODS:
         raise LpesError(f"--method must be one of {', '.join(METHODS)}")
@@ -115,6 +122,19 @@ def check_options(options: SearchOptions) -> tuple[ScaleGrid, GASettings]:
     return grid, settings
 
 
+def _check_objective(options: SearchOptions) -> None:
+    if options.objective not in OBJECTIVES:
+        raise LpesError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {options.objective!r}")
+    if options.objective == "logprob" and options.optimizer == "ga":
+        raise LpesError("--objective logprob works with --optimizer cmaes or gradient; the GA races exact "
+                        "right/wrong counts")
+    if options.optimizer == "gradient" and options.objective != "logprob":
+        raise LpesError("--optimizer gradient climbs the gold answer's likelihood: add --objective logprob "
+                        "(right/wrong verdicts have no gradient)")
+    if not (math.isfinite(options.learning_rate) and 0 < options.learning_rate <= 10):
+        raise LpesError(f"--learning-rate must be in (0, 10], got {options.learning_rate}")
+
+
 def resolve_population(options: SearchOptions) -> int:
     """--population, or the optimizer's own default."""
     from lpes.search.cma import default_population
@@ -124,11 +144,21 @@ def resolve_population(options: SearchOptions) -> int:
     return GA_POPULATION if options.optimizer == "ga" else default_population(options.degree)
 
 
-def search_class(optimizer: str):
-    """The search loop of `--optimizer`: GeneticSearch or CMASearch (same racing, checkpoints, patience)."""
-    from lpes.search.cma import CMASearch
+def search_loop(plan: _Plan, options: SearchOptions, evaluator: ModelEvaluator, settings: GASettings,
+                after_generation, step_progress):
+    """The search loop of `--optimizer` and `--objective`: the GA or CMA-ES racing verdicts (same racing,
+    checkpoints, patience), CMA-ES on the likelihood, or gradient ascent on it."""
+    from lpes.search.cma import CMASearch, LogprobCMASearch
+    from lpes.search.gradient import GradientSearch, GradientSettings
 
-    return GeneticSearch if optimizer == "ga" else CMASearch
+    args = (plan.space, evaluator, settings, after_generation, step_progress)
+    if options.optimizer == "gradient":
+        return GradientSearch(plan.space, evaluator, settings, plan.weights, after_generation, step_progress,
+                              GradientSettings(options.learning_rate, options.batch_size),
+                              [n for n, _ in plan.lengths])
+    if options.objective == "logprob":
+        return LogprobCMASearch(*args, weights=plan.weights)
+    return GeneticSearch(*args) if options.optimizer == "ga" else CMASearch(*args)
 
 
 def check_answer_tokens(value: int | None) -> None:
@@ -214,6 +244,7 @@ class _Plan:
     settings: GASettings
     dtype: str  # resolved: "auto" never reaches a replica
     checkpoint: Path
+    weights: list[float]  # per calibration example, its weight in the logprob objective (search/objective.py)
 
 
 @dataclass
@@ -271,8 +302,13 @@ def _plan(model: str, out: Path, options: SearchOptions, force: bool) -> _Plan:
     holdout = _held_out_examples(held_out_data, options.holdout)
     lengths = _lengths(tokenizer, examples)
     _check_scheme_reaches(config, rope, grid, max(n for _, n in lengths))
+    if options.optimizer == "gradient":
+        from lpes.search.gradient import check_gradient_search
+
+        check_gradient_search(space, rope.linear, options.objective)
     return _Plan(model, out, model_path, config, rope, task, examples, holdout, lengths,
-                 tokenizer, grid, space, settings, resolve_dtype(options), out.with_name(out.name + ".state.json"))
+                 tokenizer, grid, space, settings, resolve_dtype(options), out.with_name(out.name + ".state.json"),
+                 gold_weights([e.gold_index for e in examples]))
 
 
 def _run(plan: _Plan, options: SearchOptions, state: SearchState | None, progress: bool) -> _Found:
@@ -296,9 +332,8 @@ def _run(plan: _Plan, options: SearchOptions, state: SearchState | None, progres
     # It scans the uniform scales first and seeds generation 0 with the best: with elitism the
     # curve found can only match or beat it on calibration.
     try:
-        search_loop = search_class(options.optimizer)(plan.space, evaluator, settings, after_generation, reporter.step)
-        state = search_loop.run(state)
-        if state.parents[0].fitness <= 0:  # an all-ones curve would be written as if it were a finding
+        state = search_loop(plan, options, evaluator, settings, after_generation, reporter.step).run(state)
+        if options.objective == "accuracy" and state.parents[0].fitness <= 0:  # an all-ones curve written as a finding
             plan.checkpoint.unlink(missing_ok=True)
             raise LpesError(_nothing_scored(pool, plan.tokenizer, plan.examples, layers, options, plan.task))
         spec = replace(state.parents[0].genome.spec(plan.grid, layers), rope=plan.rope)
@@ -339,9 +374,9 @@ def _provenance(plan: _Plan, options: SearchOptions, found: _Found) -> dict:
                    "forward_tokens": state.forward_tokens, "tokens_to_best_fitness": state.tokens_to_best,
                    "history": state.history,
                    # One linear scale for every layer; under yarn/dynamic the scan's best is a stock baseline.
-                   "best_uniform_scale": state.uniform["scale"] if rope.linear else None,
-                   "best_uniform_fitness": state.uniform["fitness"] if rope.linear else None,
-                   "uniform_scan_tokens": state.uniform["tokens"],
+                   "best_uniform_scale": state.uniform["scale"] if rope.linear and state.uniform else None,
+                   "best_uniform_fitness": state.uniform["fitness"] if rope.linear and state.uniform else None,
+                   "uniform_scan_tokens": state.uniform["tokens"] if state.uniform else 0,
                    "stock_baselines": found.baselines, "stock_baselines_skipped": found.skipped,
                    # What lpes-convert and lpes-validate validate on unless told otherwise (Spec.search_task).
                    "task": SearchTask(shareable_data(options.data), options.chat_template, plan.task.answer_tokens,
@@ -356,8 +391,10 @@ def _say_done(out: Path, options: SearchOptions, found: _Found, seconds: float) 
     fitness, held_out = found.state.parents[0].fitness, found.held_out
     held = (f"held-out {_score(held_out['unscaled'])} -> {_score(held_out['lpes'])}" if held_out["examples"]
             else f"no held-out examples: --holdout {options.holdout}")
-    print(f"lpes-search: wrote {out} in {seconds:.0f}s (fitness {fitness:.3f}, {held})", file=sys.stderr)
-    better = [b for b in found.baselines if b["fitness"] > fitness]
+    what = "fitness" if options.objective == "accuracy" else "objective: mean gold log-likelihood"
+    print(f"lpes-search: wrote {out} in {seconds:.0f}s ({what} {fitness:.3f}, {held})", file=sys.stderr)
+    # The baselines are scored by accuracy: comparable with the curve's fitness only under that objective.
+    better = [b for b in found.baselines if b["fitness"] > fitness] if options.objective == "accuracy" else []
     if better:
         names = ", ".join(f"{StockRope(b['rope_type'], b['factor']).name} ({b['fitness']:.3f})" for b in better)
         print(f"lpes-search: on calibration {names} scored above the curve: lpes-validate shows them on "
@@ -532,9 +569,11 @@ def _write_outputs(spec: Spec, state: SearchState, out: Path) -> None:
     dump_spec(spec, out)
     plot_curve(spec, out.with_name(out.stem + "_curve.png"), title="LPES curve found by lpes-search")
     uniform = state.uniform if spec.rope.linear else None  # else drawn as its stock baseline
+    objective = spec.provenance["search"]["objective"]
     plot_fitness(state.history, out.with_name(out.stem + "_fitness.png"), uniform=uniform,
                  examples=len(state.failures), model=spec.base_model,  # failures: one count per example
-                 stock=spec.provenance["search"]["stock_baselines"])
+                 stock=spec.provenance["search"]["stock_baselines"] if objective == "accuracy" else (),
+                 objective=objective)
 
 
 class _Reporter:

@@ -239,6 +239,65 @@ def teacher_forced_correct(
     return Scores(tuple(results[i] for i in range(len(examples))), forward_tokens)
 
 
+# ---- (d) the gold answer's log-likelihood: the continuous objective ----
+
+
+@dataclass(frozen=True)
+class AnswerLogprob:
+    """One example's mean log-likelihood per gold answer token, teacher-forced (a 0-d tensor that autograd
+    can follow with `grad=True`), and whether every answer token was the argmax (the verdict (b) gives)."""
+
+    example_id: int
+    logprob: torch.Tensor
+    argmax_correct: bool
+
+
+def answer_logprob_batches(model, tokenizer, examples: Sequence[Example], batch_size: int = 8, *,
+                           grad: bool = False, max_batch_tokens: int = MAX_BATCH_TOKENS, batches=None):
+    """Per batch: ([AnswerLogprob] of its examples, token positions computed), one forward pass each.
+
+    The same rows as teacher forcing (prompt + answer without its last token, left-padded), so the
+    objective sees exactly the positions the verdict does. `grad`: keep the graph (the caller runs
+    backward per batch, so one batch's activations are alive at a time). `batches`: the example ids of
+    each batch (default: grouped by length); a gradient search fixes them so that where a batch runs
+    never changes its rounding.
+    """
+    encoded = encode_examples(tokenizer, examples)
+    rows = [e.prompt_ids + e.answer_ids[:-1] for e in encoded]
+    pad_id = pad_token_id(model, tokenizer)
+    keep_logits = _accepts_logits_to_keep(model)
+    device = model_device(model)
+    for batch in batches if batches is not None else _batches([len(r) for r in rows], batch_size, max_batch_tokens):
+        ids, mask, positions = torch_left_pad([rows[i] for i in batch], pad_id)
+        keep = max(len(encoded[i].answer_ids) for i in batch)
+        kwargs = {"logits_to_keep": keep} if keep_logits else {}
+        with torch.inference_mode(not grad), torch.set_grad_enabled(grad):
+            logits = model(input_ids=ids.to(device), attention_mask=mask.to(device),
+                           position_ids=positions.to(device), use_cache=False, **kwargs).logits[:, -keep:]
+            logprobs = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)
+        out = []
+        for row, i in enumerate(batch):
+            answer = encoded[i].answer_ids
+            token_logprobs = logprobs[row, keep - len(answer):].gather(-1, torch.tensor(answer, device=device)[:, None])
+            argmax = logprobs[row, keep - len(answer):].argmax(-1).tolist() == answer
+            out.append(AnswerLogprob(i, token_logprobs.mean(), argmax))
+        yield out, ids.numel()
+
+
+def answer_logprobs(model, tokenizer, examples: Sequence[Example], batch_size: int = 8,
+                    progress: Progress | None = None) -> tuple[list[float], list[bool], int]:
+    """Every example's mean gold-token log-likelihood and teacher-forced verdict, and the positions computed."""
+    values: dict[int, AnswerLogprob] = {}
+    tokens = 0
+    for batch, positions in answer_logprob_batches(model, tokenizer, examples, batch_size):
+        values.update((r.example_id, r) for r in batch)
+        tokens += positions
+        if progress is not None:
+            progress(len(batch))
+    ordered = [values[i] for i in range(len(examples))]
+    return [float(r.logprob) for r in ordered], [r.argmax_correct for r in ordered], tokens
+
+
 def _accepts_logits_to_keep(model) -> bool:
     try:
         return "logits_to_keep" in inspect.signature(model.forward).parameters

@@ -1,0 +1,207 @@
+"""Gradient ascent on the curve (`--optimizer gradient`): the gold answer's likelihood, climbed by autograd.
+
+Generation -1 scans the uniform curves by the objective (forward passes only) and the descent
+starts at the best, so the curve found can only match or beat it on calibration. The curve's
+control points sit at evenly spaced layer positions x_k = k (L - 1) / d (so layer h
+is read at t_h = h / (L - 1)); what moves is each control point's scale, as u_k = log s_k. The
+per-layer scales are linear in the control scales, s = W exp(u) (W: the Bernstein weights of
+lpes.bezier at each layer, the function a spec applies), so dJ/du = exp(u) * W^T dJ/ds, and
+dJ/ds comes from autograd through the one per-layer RoPE (converter/lpes_rope.py, with the
+model's weights frozen; `reference.apply_differentiable`).
+
+Each generation computes the objective J (search/objective.py: the gold-position-weighted mean
+log-likelihood) and its gradient on every calibration example, in fixed batches of
+`--batch-size` (one forward and one backward each, spread over the replicas, summed in batch
+order so any layout gives the same sum), then takes one Adam step on u, projected onto the
+scale grid's bounds [min, max]. The best curve by J so far is kept (the starting point included). Patience
+stops the search once J has not risen for K generations.
+
+The state (u, Adam's moments, the best) is written to the checkpoint after every generation
+as exact JSON floats; resuming continues the same steps bit for bit. A NaN or infinite
+gradient stops the search at that generation with the last good checkpoint kept.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from lpes.bezier import layer_scales
+from lpes.errors import LpesError
+from lpes.search.ga import GASettings, Scored, SearchState
+from lpes.search.genome import Curve, SearchSpace
+
+NAME = "gradient"
+LEARNING_RATE = 0.1  # Adam's step in log-scale: about 10% per generation at most, in each control scale
+BETAS = (0.9, 0.999)
+EPSILON = 1e-8
+# J rising by less than this (in nats per answer token) is not an improvement for patience.
+MIN_GAIN = 1e-4
+
+
+@dataclass(frozen=True)
+class GradientSettings:
+    learning_rate: float = LEARNING_RATE
+    batch_size: int = 8
+
+
+class GradientSearch:
+    """Adam on the control points' log-scales; checkpoints, patience and progress as the other optimizers."""
+
+    def __init__(self, space: SearchSpace, evaluator, settings: GASettings, weights: list[float],
+                 on_generation: Callable[[SearchState], None] | None = None, step_progress=None,
+                 gradient: GradientSettings = GradientSettings(), lengths: list[int] | None = None):
+        self.space, self.evaluator, self.settings, self.weights = space, evaluator, settings, weights
+        self.on_generation, self.step_progress, self.gradient = on_generation, step_progress, gradient
+        layers, degree = space.num_layers, space.degree
+        self.x = [k * (layers - 1) / degree for k in range(degree + 1)]
+        self.basis = _basis(self.x, layers)  # [L, d + 1]: s = basis @ control scales
+        grid = space.grid.values
+        self.bounds = (math.log(min(grid)), math.log(max(grid)))
+        self.batches = _fixed_batches(lengths or [1] * evaluator.num_examples, gradient.batch_size)
+
+    def run(self, state: SearchState | None = None) -> SearchState:
+        state = state or SearchState(failures=[0] * self.evaluator.num_examples)
+        tokens_before = state.forward_tokens - self.evaluator.forward_tokens
+        if state.optimizer is None:
+            start = math.log(self._scan_uniform(state))
+            state.optimizer = {"name": NAME, "u": [start] * len(self.x), "m": [0.0] * len(self.x),
+                               "v": [0.0] * len(self.x), "best": None}
+            state.generation = -1
+        elif state.optimizer.get("name") != NAME:
+            raise LpesError(f"the checkpoint is from {state.optimizer.get('name', 'ga')}, not {NAME}: resume it "
+                            "with that, or delete it to start over")
+        while state.generation < self.settings.generations and state.stop_reason is None:
+            self._generation(state, tokens_before)
+        return state
+
+    def _scan_uniform(self, state: SearchState) -> float:
+        """Generation -1: the objective of each grid scale in every layer (forward passes only); the best is
+        where the descent starts (at a tie the gentler scale), so the curve found can only match or beat it."""
+        grid = self.space.grid.values
+        tokens_before = self.evaluator.forward_tokens
+        everything = list(range(self.evaluator.num_examples))
+        progress = self.step_progress("lpes-search gen 0 uniform scan", len(grid), len(grid) * len(everything)) \
+            if self.step_progress else None
+        scored = []
+        try:
+            for start in range(0, len(grid), max(1, self.settings.replicas)):
+                scales = grid[start:start + max(1, self.settings.replicas)]
+                jobs = [((s,) * self.space.num_layers, everything) for s in scales]
+                for scale, (logprobs, _) in zip(scales, self.evaluator.logprobs_many(jobs)):
+                    scored.append((sum(w * v for w, v in zip(self.weights, logprobs)), scale))
+                    if progress is not None:
+                        progress.computed(len(everything))
+                        progress.finished()
+        finally:
+            if progress is not None:
+                progress.close()
+        objective, scale = max(scored, key=lambda js: (js[0], -abs(math.log(js[1]))))
+        state.uniform = {"scale": scale, "fitness": objective, "tokens": self.evaluator.forward_tokens - tokens_before,
+                         "scanned": [[s, j] for j, s in scored]}
+        return scale
+
+    def scales(self, u: list[float]) -> tuple[float, ...]:
+        return self.curve(u).spec(self.space.grid, self.space.num_layers).scales
+
+    def curve(self, u: list[float]) -> Curve:
+        return Curve(tuple((x, math.exp(v)) for x, v in zip(self.x, u)))
+
+    def _generation(self, state: SearchState, tokens_before: int) -> None:
+        opt = state.optimizer
+        generation = state.generation + 1
+        u = opt["u"]
+        scales = self.scales(u)
+        progress = self.step_progress(f"lpes-search gen {generation}/{self.settings.generations} gradient",
+                                      1, self.evaluator.num_examples) if self.step_progress else None
+        try:
+            results = self.evaluator.gradients(scales, self.batches, self.weights)
+            if progress is not None:
+                progress.computed(self.evaluator.num_examples)
+                progress.finished()
+        finally:
+            if progress is not None:
+                progress.close()
+        objective = sum(r.objective for r in results)  # in batch order: the same on every layout
+        d_scales = np.sum([np.array(r.gradient) for r in results], axis=0)
+        if not (math.isfinite(objective) and np.all(np.isfinite(d_scales))):
+            raise LpesError(f"generation {generation}: the objective or its gradient is not finite (NaN or inf); "
+                            "the checkpoint of the generation before is kept: resume with a smaller "
+                            "--learning-rate or narrower --scale-grid")
+        d_u = np.exp(np.array(u)) * (self.basis.T @ d_scales)
+        logprobs = {i: lp for r in results for i, lp in zip(r.example_ids, r.logprobs)}
+        verdicts = {i: ok for r in results for i, ok in zip(r.example_ids, r.argmax_correct)}
+        accuracy = sum(verdicts.values()) / len(verdicts)
+        for i, ok in verdicts.items():
+            state.failures[i] += not ok
+        before = opt["best"]
+        if before is None or objective > before["objective"] + MIN_GAIN:
+            opt["best"] = {"u": list(u), "objective": objective, "accuracy": accuracy, "generation": generation}
+        opt["last_gradient"] = [float(g) for g in d_scales]  # dJ/ds_h at this generation's scales
+        self._adam(opt, d_u)
+        state.generation = generation
+        state.evaluations += 1
+        best = opt["best"]
+        state.unchanged = 0 if best is not before else state.unchanged + 1
+        state.parents = [Scored(self.curve(best["u"]), best["objective"], 0, sum(abs(v) for v in best["u"]))]
+        state.forward_tokens = tokens_before + self.evaluator.forward_tokens
+        if best is not before:
+            state.best_fitness, state.tokens_to_best = objective, state.forward_tokens
+            state.improvements.append([objective, state.tokens_to_best])
+        if self.settings.patience and state.unchanged >= self.settings.patience:
+            state.stop_reason = (f"the objective has not risen for {self.settings.patience} generations "
+                                 f"(--patience {self.settings.patience})")
+        state.history.append({
+            "generation": generation, "best": best["objective"], "mean_scored": objective, "scored": 1,
+            "raced_out": 0, "duplicates_skipped": 0, "forward_tokens": state.forward_tokens, "genomes": generation + 1,
+            "unchanged": state.unchanged, "objective": objective, "accuracy_teacher_forced": accuracy,
+            "scales": list(scales), "gradient_norm": float(np.linalg.norm(d_scales)),
+            "objective_by_example": [logprobs[i] for i in sorted(logprobs)],
+        })
+        if self.on_generation is not None:
+            self.on_generation(state)
+
+    def _adam(self, opt: dict, d_u: np.ndarray) -> None:
+        """One Adam step up the objective, projected onto the grid's bounds (bias-corrected moments)."""
+        step = opt.get("step", 0) + 1
+        m = BETAS[0] * np.array(opt["m"]) + (1 - BETAS[0]) * d_u
+        v = BETAS[1] * np.array(opt["v"]) + (1 - BETAS[1]) * d_u**2
+        m_hat, v_hat = m / (1 - BETAS[0] ** step), v / (1 - BETAS[1] ** step)
+        u = np.array(opt["u"]) + self.gradient.learning_rate * m_hat / (np.sqrt(v_hat) + EPSILON)
+        opt["u"] = [float(x) for x in np.clip(u, *self.bounds)]
+        opt["m"], opt["v"], opt["step"] = [float(x) for x in m], [float(x) for x in v], step
+
+
+def _basis(x: list[float], num_layers: int) -> np.ndarray:
+    """W with s_h = sum_k W[h, k] s_k for control scales s_k at positions `x`: the spec's own Bezier read-off
+    (lpes.bezier.layer_scales), which is linear in the control scales, applied to each unit vector."""
+    columns = []
+    for k in range(len(x)):
+        points = np.array([[xk, 1.0 if j == k else 0.0] for j, xk in enumerate(x)])
+        columns.append(layer_scales(points, num_layers))
+    return np.array(columns).T
+
+
+def _fixed_batches(lengths: list[int], batch_size: int) -> list[list[int]]:
+    """Calibration examples in batches of similar length (longest first), fixed for the whole search."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    return [order[k:k + batch_size] for k in range(0, len(order), batch_size)]
+
+
+def check_gradient_search(space: SearchSpace, rope_linear: bool, objective: str) -> None:
+    """Refuse, at plan time, a gradient search that cannot run or whose problem is degenerate."""
+    if objective != "logprob":
+        raise LpesError("--optimizer gradient climbs the gold answer's likelihood: use --objective logprob "
+                        "(right/wrong verdicts have no gradient)")
+    if not rope_linear:
+        raise LpesError("--optimizer gradient: per-layer yarn/dynamic are not differentiable here; "
+                        "use --rope-type linear, or --optimizer cmaes")
+    if space.degree + 1 > space.num_layers:
+        raise LpesError(f"--degree {space.degree} with --optimizer gradient: {space.degree + 1} control points for "
+                        f"{space.num_layers} layers leave the curve underdetermined; use --degree "
+                        f"{max(1, space.num_layers - 1)} or less")
+    if len(set(space.grid.values)) < 2:
+        raise LpesError("--optimizer gradient needs a --scale-grid with MIN < MAX (its bounds)")

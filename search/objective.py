@@ -1,0 +1,31 @@
+"""What the optimizer climbs (`lpes-search --objective`): the benchmark's verdicts, or the gold answer's likelihood.
+
+`accuracy` is Eq. 7, the share of calibration examples answered right: what validation reports and
+what the held-out check uses. On a model that answers the middle of the prompt 0-5% of the time,
+almost every curve gets the same verdicts there, and an optimizer of verdicts walks blind.
+
+`logprob` is continuous: the mean log-likelihood of the gold answer's tokens given the prompt,
+teacher-forced in one forward pass (validation/scoring.py, `answer_logprob_batches`), averaged per
+gold position first so that each position of the needed fact counts the same (the middle as much
+as the ends) however many examples each holds. Per-layer scales enter the model continuously, so
+the model also says which way each scale should move (search/gradient.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+OBJECTIVES = ("accuracy", "logprob")
+
+
+def gold_weights(gold_indices: Sequence[int]) -> list[float]:
+    """Each example's weight in the objective: 1 / (gold positions x examples at its position); they sum to 1."""
+    counts: dict[int, int] = {}
+    for gold in gold_indices:
+        counts[gold] = counts.get(gold, 0) + 1
+    return [1.0 / (len(counts) * counts[gold]) for gold in gold_indices]
+
+
+def weighted(values: Sequence[float], weights: Sequence[float]) -> float:
+    """The objective of per-example values (summed in example order: the same on every layout)."""
+    return float(sum(w * v for w, v in zip(weights, values, strict=True)))
