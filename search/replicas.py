@@ -252,8 +252,8 @@ class Replica:
                                                        batches=[list(range(len(examples)))]))
         objective = sum(w * r.logprob for w, r in zip(weights, rows))
         objective.backward()
-        return GradientResult(self.slot, tuple(example_ids), tuple(float(r.logprob) for r in rows),
-                              tuple(r.argmax_correct for r in rows), float(objective),
+        return GradientResult(self.slot, tuple(example_ids), tuple(float(r.logprob.detach()) for r in rows),
+                              tuple(r.argmax_correct for r in rows), float(objective.detach()),
                               tuple(float(g) for g in layer_scales.grad.double()), tokens,
                               time.perf_counter() - started)
 

@@ -49,6 +49,22 @@ def result(spec: Spec) -> tuple:
             spec.provenance["held_out"], baselines)
 
 
+GRADIENT = dict(SMALL, optimizer="gradient", objective="logprob", population=None, generations=3, patience=0,
+                scale_grid="0.5:4:0.5", baselines="none", batch_size=1)
+
+
+def test_two_ray_replicas_give_the_single_process_gradient_search(cluster, tmp_path):
+    # batch 1 over 2 examples: each replica runs one batch of every generation, and the sum is in batch order.
+    options = dict(GRADIENT, data="tiny-kv:examples=2,length=512")
+    single = search("lpes-tiny-kv", tmp_path / "one.json", SearchOptions(**options), progress=False)
+    spec = search("lpes-tiny-kv", tmp_path / "two.json", SearchOptions(**options, ray="auto", replicas=2),
+                  progress=False)
+    steps = single.provenance["search"]["history"]
+    assert len(set(steps[-1]["scales"])) > 1  # the descent moved the layers apart: not trivially equal
+    assert result(spec) == result(single)
+    assert spec.provenance["search"]["history"] == single.provenance["search"]["history"]
+
+
 def test_two_ray_replicas_give_the_single_process_result(cluster, single_process, tmp_path, capsys):
     assert set(single_process.scales) != {1.0}  # the search found a curve: equal results are not trivially equal
     spec = search("lpes-tiny-kv", tmp_path / "best.json", SearchOptions(**SMALL, ray="auto", replicas=2))
