@@ -14,7 +14,7 @@ answer) goes to OUT/position.json.
 `compare`: the same held-out prompts lpes-convert validates on (the folder's task, `examples`
 per gold index) for each variant of a searched spec: `unscaled`, `uniform` (its best uniform
 scale), `yarn` / `dynamic` (its stock baselines at their best calibration factor), `lpes` (the
-curve), each in its own process if you like (`--variants lpes`), to OUT/compare-VARIANT.json.
+curve), each in its own process if you like (`--variants lpes`), to OUT/compare-VARIANT{TAG}.json.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def position(model_path: Path, model, tokenizer, pairs: list[int], examples: lis
 
 
 def compare(model_path: Path, model, tokenizer, spec_path: Path, variants: list[str], per_index: int,
-            out: Path) -> None:
+            out: Path, tag: str = "", uniform_scale: float | None = None) -> None:
     from lpes.converter.reference import apply, use_stock_rope
     from lpes.spec import Spec, load_spec
 
@@ -116,7 +116,7 @@ def compare(model_path: Path, model, tokenizer, spec_path: Path, variants: list[
         use_stock_rope(model, None)
         label = variant
         if variant == "uniform":
-            scale = spec.best_uniform_scale or 1.0
+            scale = uniform_scale or spec.best_uniform_scale or 1.0
             apply(model, Spec.from_scales([scale] * layers))
             label = f"uniform s={scale:g}"
         elif variant in ("yarn", "dynamic"):
@@ -138,7 +138,7 @@ def compare(model_path: Path, model, tokenizer, spec_path: Path, variants: list[
                             "correct": r.correct} for e, r in zip(items, scores.results)]}
         print(json.dumps({k: v for k, v in row.items() if k != "answers"}), flush=True)
         out.mkdir(parents=True, exist_ok=True)
-        (out / f"compare-{variant}.json").write_text(json.dumps(row, indent=1) + "\n")
+        (out / f"compare-{variant}{tag}.json").write_text(json.dumps(row, indent=1) + "\n")
 
 
 def plot(rows: list[dict], path: Path, name: str) -> None:
@@ -172,6 +172,9 @@ def main() -> int:
     parser.add_argument("--pairs", default="20+100+350", help="position: pair counts, joined by +")
     parser.add_argument("--examples", default="40+20+5", help="position: records per gold index, per pair count")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--tag", default="", help="compare: OUT/compare-VARIANT{TAG}.json (keeps earlier runs)")
+    parser.add_argument("--uniform-scale", type=float, default=None,
+                        help="compare: the uniform variant's scale (default: the spec's best uniform scale)")
     parser.add_argument("--out", type=Path, default=Path("bench/real"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -181,7 +184,8 @@ def main() -> int:
     if args.what == "cost":
         cost(model, tokenizer, [int(n) for n in args.lengths.split("+")])
     elif args.what == "compare":
-        compare(model_path, model, tokenizer, args.spec, args.variants.split("+"), int(args.examples), args.out)
+        compare(model_path, model, tokenizer, args.spec, args.variants.split("+"), int(args.examples), args.out,
+                args.tag, args.uniform_scale)
     else:
         position(model_path, model, tokenizer, [int(n) for n in args.pairs.split("+")],
                  [int(n) for n in args.examples.split("+")], args.out)

@@ -78,6 +78,34 @@ def scan_stock_baselines(evaluator, rope_types: Sequence[str], grid: Sequence[fl
     return results
 
 
+def scan_stock_objective(evaluator, rope_types: Sequence[str], grid: Sequence[float], weights: Sequence[float],
+                         progress: bool = True) -> list[BaselineResult]:
+    """`scan_stock_baselines` under --objective logprob: each factor's objective on every example (forward
+    passes only, several factors at once across the replicas); the best, at a tie the smaller factor."""
+    from lpes.search.progress import StepProgress
+
+    factors = sorted(f for f in grid if f >= 1.0)
+    results: list[BaselineResult] = []
+    bar = StepProgress("lpes-search stock baselines", len(factors) * len(rope_types),
+                       len(factors) * len(rope_types) * evaluator.num_examples, lambda: evaluator.forward_tokens,
+                       progress, noun="factors")
+    everything = list(range(evaluator.num_examples))
+    try:
+        for rope_type in rope_types:
+            tokens_before = evaluator.forward_tokens
+            found = evaluator.logprobs_many([(StockRope(rope_type, f), everything) for f in factors])
+            objectives = [sum(w * v for w, v in zip(weights, logprobs)) for logprobs, _ in found]
+            for _ in factors:
+                bar.computed(len(everything))
+                bar.finished()
+            best = max(range(len(factors)), key=lambda k: (objectives[k], -k))
+            results.append(BaselineResult(rope_type=rope_type, factor=factors[best], fitness=objectives[best],
+                                          factors_scanned=factors, tokens=evaluator.forward_tokens - tokens_before))
+    finally:
+        bar.close()
+    return results
+
+
 def _race(evaluator, rope: StockRope, to_beat: int, chunk: int, bar) -> int | None:
     """Right answers of `rope` on every example, or None once it cannot pass `to_beat`."""
     total, correct, done = evaluator.num_examples, 0, 0

@@ -13,7 +13,10 @@ Each generation computes the objective J (search/objective.py: the gold-position
 log-likelihood) and its gradient on every calibration example, in fixed batches of
 `--batch-size` (one forward and one backward each, spread over the replicas, summed in batch
 order so any layout gives the same sum), then takes one Adam step on u, projected onto the
-scale grid's bounds [min, max]. The best curve by J so far is kept (the starting point included). Patience
+scale grid's bounds [min, max]. The best curve by J so far is kept (the starting point included);
+a step that does not raise J is taken back: the next one starts again from the best point with
+half the learning rate (the landscape in s is sharp: on SmolLM2 a 10% step in every control
+scale already overshoots). Patience
 stops the search once J has not risen for K generations.
 
 The state (u, Adam's moments, the best) is written to the checkpoint after every generation
@@ -139,7 +142,12 @@ class GradientSearch:
             state.failures[i] += not ok
         before = opt["best"]
         if before is None or objective > before["objective"] + MIN_GAIN:
-            opt["best"] = {"u": list(u), "objective": objective, "accuracy": accuracy, "generation": generation}
+            opt["best"] = {"u": list(u), "objective": objective, "accuracy": accuracy, "generation": generation,
+                           "d_u": [float(g) for g in d_u]}
+        else:  # the step went too far: back to the best point, with half the step and fresh moments
+            opt["learning_rate"] = opt.get("learning_rate", self.gradient.learning_rate) / 2
+            opt["u"], opt["m"], opt["v"], opt["step"] = list(before["u"]), [0.0] * len(u), [0.0] * len(u), 0
+            d_u = np.array(before["d_u"])
         opt["last_gradient"] = [float(g) for g in d_scales]  # dJ/ds_h at this generation's scales
         self._adam(opt, d_u)
         state.generation = generation
@@ -170,7 +178,8 @@ class GradientSearch:
         m = BETAS[0] * np.array(opt["m"]) + (1 - BETAS[0]) * d_u
         v = BETAS[1] * np.array(opt["v"]) + (1 - BETAS[1]) * d_u**2
         m_hat, v_hat = m / (1 - BETAS[0] ** step), v / (1 - BETAS[1] ** step)
-        u = np.array(opt["u"]) + self.gradient.learning_rate * m_hat / (np.sqrt(v_hat) + EPSILON)
+        rate = opt.get("learning_rate", self.gradient.learning_rate)
+        u = np.array(opt["u"]) + rate * m_hat / (np.sqrt(v_hat) + EPSILON)
         opt["u"] = [float(x) for x in np.clip(u, *self.bounds)]
         opt["m"], opt["v"], opt["step"] = [float(x) for x in m], [float(x) for x in v], step
 

@@ -19,7 +19,13 @@ from typing import Any
 
 from lpes.errors import LpesError
 from lpes.files import write_text_atomic
-from lpes.search.baselines import BaselineResult, describe, parse_baselines, scan_stock_baselines
+from lpes.search.baselines import (
+    BaselineResult,
+    describe,
+    parse_baselines,
+    scan_stock_baselines,
+    scan_stock_objective,
+)
 from lpes.search.fitness import METHODS, ModelEvaluator, UsageMeter
 from lpes.search.ga import GASettings, GeneticSearch, SearchState
 from lpes.search.genome import ScaleGrid, SearchSpace
@@ -339,7 +345,7 @@ def _run(plan: _Plan, options: SearchOptions, state: SearchState | None, progres
         spec = replace(state.parents[0].genome.spec(plan.grid, layers), rope=plan.rope)
         baselines, skipped = _stock_baselines(plan.config, options, evaluator, plan.grid,
                                               options.batch_size * pool.size, progress,
-                                              max(n for _, n in plan.lengths))
+                                              max(n for _, n in plan.lengths), plan.weights)
         if not plan.rope.linear:  # the uniform scan was this stock type's own scan, raced the same way
             baselines.insert(0, _uniform_as_stock(plan.rope, state, plan.grid))
         held_out = _held_out(pool, plan.holdout, spec)
@@ -393,8 +399,7 @@ def _say_done(out: Path, options: SearchOptions, found: _Found, seconds: float) 
             else f"no held-out examples: --holdout {options.holdout}")
     what = "fitness" if options.objective == "accuracy" else "objective: mean gold log-likelihood"
     print(f"lpes-search: wrote {out} in {seconds:.0f}s ({what} {fitness:.3f}, {held})", file=sys.stderr)
-    # The baselines are scored by accuracy: comparable with the curve's fitness only under that objective.
-    better = [b for b in found.baselines if b["fitness"] > fitness] if options.objective == "accuracy" else []
+    better = [b for b in found.baselines if b["fitness"] > fitness]  # scored by the same objective
     if better:
         names = ", ".join(f"{StockRope(b['rope_type'], b['factor']).name} ({b['fitness']:.3f})" for b in better)
         print(f"lpes-search: on calibration {names} scored above the curve: lpes-validate shows them on "
@@ -402,7 +407,7 @@ def _say_done(out: Path, options: SearchOptions, found: _Found, seconds: float) 
 
 
 def _stock_baselines(config, options: SearchOptions, evaluator: ModelEvaluator, grid: ScaleGrid, chunk: int,
-                     progress: bool, longest: int) -> tuple[list[BaselineResult], dict[str, str]]:
+                     progress: bool, longest: int, weights: list[float]) -> tuple[list[BaselineResult], dict[str, str]]:
     """The stock RoPE types this model can take, each at its best factor; and why the others were left out.
 
     A factor at which the type is the unscaled model on these examples (`longest` positions at most:
@@ -424,8 +429,12 @@ def _stock_baselines(config, options: SearchOptions, evaluator: ModelEvaluator, 
         del factors[rope_type]
     for rope_type, why in skipped.items():
         print(f"lpes-search: no {rope_type} baseline: {why}", file=sys.stderr)
-    results = [result for rope_type, left in factors.items()
-               for result in scan_stock_baselines(evaluator, [rope_type], left, chunk, progress)]
+    if options.objective == "logprob":  # scored as the curve was: comparable with its objective
+        results = [result for rope_type, left in factors.items()
+                   for result in scan_stock_objective(evaluator, [rope_type], left, weights, progress)]
+    else:
+        results = [result for rope_type, left in factors.items()
+                   for result in scan_stock_baselines(evaluator, [rope_type], left, chunk, progress)]
     if results:
         print(f"lpes-search: {describe(results)}", file=sys.stderr)
     return results, skipped
@@ -572,8 +581,7 @@ def _write_outputs(spec: Spec, state: SearchState, out: Path) -> None:
     objective = spec.provenance["search"]["objective"]
     plot_fitness(state.history, out.with_name(out.stem + "_fitness.png"), uniform=uniform,
                  examples=len(state.failures), model=spec.base_model,  # failures: one count per example
-                 stock=spec.provenance["search"]["stock_baselines"] if objective == "accuracy" else (),
-                 objective=objective)
+                 stock=spec.provenance["search"]["stock_baselines"], objective=objective)
 
 
 class _Reporter:
