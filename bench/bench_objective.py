@@ -1,6 +1,6 @@
 """The objective and the optimizer, side by side: accuracy/CMA-ES, logprob/CMA-ES, logprob/gradient.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_objective.py --models lpes-tiny-kv,lpes-tiny-induction --out bench/objective
+    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_objective.py --out bench/objective
 
 Every search runs at lpes-search's defaults (population, generations, patience, grid, held-out
 examples) on each model's own task, with `--baselines none` (the stock scan after a search is the

@@ -214,3 +214,41 @@ def check_gradient_search(space: SearchSpace, rope_linear: bool, objective: str)
                         f"{max(1, space.num_layers - 1)} or less")
     if len(set(space.grid.values)) < 2:
         raise LpesError("--optimizer gradient needs a --scale-grid with MIN < MAX (its bounds)")
+
+
+# What one backward pass keeps alive, per token of a batch and per decoder layer, in units of the model's
+# dtype: the saved inputs of the norms, projections, RoPE and MLP (about ACTIVATIONS_PER_HIDDEN x hidden
+# + ACTIVATIONS_PER_INTERMEDIATE x intermediate values) and the attention weights (heads x tokens, the
+# quadratic part). Fitted on SmolLM2-135M and Gemma 3 270M at 400-2,000 tokens (bench/RESULTS.md, "What a
+# backward pass costs"); the estimate is checked against what is available, with a margin, at plan time.
+ACTIVATIONS_PER_HIDDEN = 12
+ACTIVATIONS_PER_INTERMEDIATE = 4
+MEMORY_MARGIN = 1.25
+
+
+def backward_bytes(config, batch_tokens: int, longest: int, dtype_bytes: int) -> int:
+    """Memory a forward and backward pass over `batch_tokens` padded positions (rows of `longest`) holds."""
+    text = getattr(config, "text_config", None) or config
+    hidden, layers = text.hidden_size, text.num_hidden_layers
+    intermediate = getattr(text, "intermediate_size", 4 * hidden)
+    heads = text.num_attention_heads
+    per_token = ACTIVATIONS_PER_HIDDEN * hidden + ACTIVATIONS_PER_INTERMEDIATE * intermediate + heads * longest
+    return int(batch_tokens * layers * per_token * dtype_bytes)
+
+
+def check_backward_fits(config, lengths: list[int], batch_size: int, dtype_bytes: int,
+                        available: int | None) -> int:
+    """The estimate for the largest fixed batch; LpesError (one line) where it would not fit in `available`."""
+    from lpes.devices import format_bytes
+
+    batches = _fixed_batches(lengths, batch_size)
+    need = max(backward_bytes(config, len(b) * max(lengths[i] for i in b), max(lengths[i] for i in b), dtype_bytes)
+               for b in batches)
+    if available is not None and need * MEMORY_MARGIN > available:
+        longest = max(lengths)
+        one = backward_bytes(config, longest, longest, dtype_bytes)
+        hint = (f"lower --batch-size (one {longest:,}-token prompt needs about {format_bytes(one)})"
+                if one * MEMORY_MARGIN <= available else "use shorter --data prompts or a machine with more memory")
+        raise LpesError(f"--optimizer gradient: a backward pass over the largest batch needs about "
+                        f"{format_bytes(need)} of memory, {format_bytes(available)} available; {hint}")
+    return need

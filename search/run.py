@@ -312,6 +312,7 @@ def _plan(model: str, out: Path, options: SearchOptions, force: bool) -> _Plan:
         from lpes.search.gradient import check_gradient_search
 
         check_gradient_search(space, rope.linear, options.objective)
+        _check_backward_memory(config, [budget for _, budget in lengths], options)
     return _Plan(model, out, model_path, config, rope, task, examples, holdout, lengths,
                  tokenizer, grid, space, settings, resolve_dtype(options), out.with_name(out.name + ".state.json"),
                  gold_weights([e.gold_index for e in examples]))
@@ -450,6 +451,26 @@ def _check_scheme_reaches(config, rope: RopeScheme, grid: ScaleGrid, longest: in
     raise LpesError(f"--rope-type {rope.rope_type}: every calibration example is within the {trained:,} positions "
                     f"the model was trained for (the longest reaches {longest:,}), where {name} at any factor is the "
                     "unscaled model; calibrate on longer --data, or use --rope-type linear or yarn")
+
+
+def _check_backward_memory(config, lengths: list[int], options: SearchOptions) -> None:
+    """A gradient search's backward must fit on its device (plan time, before a model is loaded)."""
+    import torch
+
+    from lpes.converter.loading import DTYPES, available_memory
+    from lpes.devices import requested_devices
+    from lpes.search.gradient import check_backward_fits
+
+    if options.ray is not None:  # the actors' machines are not this one
+        return
+    devices = requested_devices(options.device)
+    dtype_bytes = DTYPES[resolve_dtype(options)].itemsize
+    if devices[0].startswith("cuda"):
+        available = min(torch.cuda.mem_get_info(torch.device(d))[0] for d in devices)
+    else:
+        available = available_memory()
+    # `lengths`: prompt + the answer's budget, at least the rows the objective runs (prompt + answer - 1).
+    check_backward_fits(config, lengths, options.batch_size, dtype_bytes, available)
 
 
 def _lengths(tokenizer, examples: list) -> list[tuple[int, int]]:

@@ -176,3 +176,13 @@ def test_cmaes_climbs_the_logprob_objective_and_resumes(tmp_path, monkeypatch):
     assert search["optimizer"] == "cmaes" and search["objective"] == "logprob"
     assert search["fitness"] >= search["best_uniform_fitness"]  # the incumbent starts at the best uniform scale
     assert all(h["best"] <= search["fitness"] for h in search["history"])
+
+
+def test_a_backward_that_would_not_fit_is_refused_at_plan_time(tmp_path, capsys, monkeypatch):
+    from lpes.converter import loading
+
+    monkeypatch.setattr(loading, "available_memory", lambda: 64 * 2**20)  # 64 MiB left on this machine
+    assert search_main(gradient_args(tmp_path / "x.json")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "backward pass over the largest batch needs about" in err[0], err
+    assert "64.0 MiB available" in err[0] and list(tmp_path.iterdir()) == []
