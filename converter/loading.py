@@ -22,7 +22,7 @@ import torch
 
 from lpes.converter.architectures import architecture_for
 from lpes.converter.real_models import is_real_model, licence_line, real_model_folder
-from lpes.errors import LpesError
+from lpes.errors import LpesError, shown
 from lpes.files import read_json_object
 
 if TYPE_CHECKING:
@@ -71,18 +71,18 @@ def resolve_model(name: str | os.PathLike) -> Path:
     if path.exists():
         return check_model_folder(path)
     if name.startswith((".", "/", "~")) or name.count("/") > 1:
-        raise LpesError(f"model folder not found: {name}")
+        raise LpesError(f"model folder not found: {shown(name)}")
     return check_model_folder(_download(name))
 
 
 def check_model_folder(path: Path) -> Path:
     """`path` if it is a readable model folder with a config and sound safetensors weights, else LpesError."""
     if not path.is_dir():
-        raise LpesError(f"{path} is a file, not a model folder")
+        raise LpesError(f"{shown(path)} is a file, not a model folder")
     if not os.access(path, os.R_OK | os.X_OK):
-        raise LpesError(f"cannot read the model folder {path} (permission denied)")
+        raise LpesError(f"cannot read the model folder {shown(path)} (permission denied)")
     if not (path / "config.json").is_file():
-        raise LpesError(f"{path} is not a Hugging Face model folder (no config.json)")
+        raise LpesError(f"{shown(path)} is not a Hugging Face model folder (no config.json)")
     check_folder_files(path)
     check_weights(path)
     check_weights_match(path, load_config(path))

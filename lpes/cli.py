@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from lpes.errors import ArgumentParser, LpesError, run_command
+from lpes.errors import ArgumentParser, LpesError, run_command, shown
 
 # Exit status per verdict (validation.report): a check that did not run is not a pass.
 EXIT_STATUS = {"passed": 0, "failed": 1, "not validated": 3}
@@ -133,7 +133,7 @@ def _convert(argv: list[str] | None) -> int:
         print(report)
     for warning in result.warnings + result.unbuilt:
         print(f"lpes-convert: {warning}", file=sys.stderr)
-    print(f"wrote {result.out}")
+    print(f"wrote {shown(result.out)}")
     if result.unbuilt and result.verdict != "failed":  # asked for, not made: the README's exit 2 for "no GPU"
         print("lpes-convert: exit 2: not everything asked for was built here (the lines above say what and how "
               "to build it elsewhere)", file=sys.stderr)
@@ -185,7 +185,8 @@ def _validate(argv: list[str] | None) -> int:
     max_seconds = _max_seconds(args.max_minutes)
     check_answer_tokens(args.answer_tokens)
     if not args.dir.is_dir():
-        raise LpesError(f"{args.dir} is not a folder" if args.dir.exists() else f"folder not found: {args.dir}")
+        raise LpesError(f"{shown(args.dir)} is not a folder" if args.dir.exists()
+                        else f"folder not found: {shown(args.dir)}")
     check_hub_code(args.dir)  # before anything imports the folder's code (converter/trust.py)
     check_received_folder(args.dir)  # and before a runtime opens a file or library it names (exporters/received.py)
     spec = find_spec(args.dir)
@@ -206,7 +207,7 @@ def _validate(argv: list[str] | None) -> int:
                       max_seconds=max_seconds, model_name=model, shown_dir=args.dir, shown_model=model,
                       config=config, task=task)
     print(report.format())
-    print("wrote " + ", ".join(str(p) for p in report.files))
+    print("wrote " + ", ".join(shown(p) for p in report.files))
     return EXIT_STATUS[report.verdict]
 
 

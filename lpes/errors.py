@@ -16,11 +16,26 @@ class LpesError(Exception):
     """
 
 
+def shown(path: str | os.PathLike) -> str:
+    """`path` as a message prints it: as it is when every character prints, else quoted as `repr` does
+    (a newline, a tab or an escape sequence in a name then cannot break or repaint the one line)."""
+    text = os.fsdecode(path) if isinstance(path, bytes) else str(os.fspath(path))
+    return text if text.isprintable() else repr(text)
+
+
+def one_line(text: str) -> str:
+    """`text` with every character that does not print (newline, tab, escape...) written as `repr` writes it:
+    the net under every message, for a path a message did not pass through `shown`."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """argparse, with a user error as one line (and where to read more) instead of the usage block."""
 
     def error(self, message: str):
-        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        print(f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)", file=sys.stderr)
         sys.exit(2)
 
 
@@ -55,14 +70,16 @@ def run_command(prog: str, main: Callable[[list[str] | None], int], argv: list[s
 def _run(prog: str, main: Callable[[list[str] | None], int], argv: list[str] | None) -> int:
     from lpes.interrupts import check_interrupted
     from lpes.outputs import report_stale_staging
+    from lpes.preflight import check_working_directory
 
     try:
+        check_working_directory()  # before anything imports torch, which dies in a deleted one (lpes/preflight.py)
         report_stale_staging(prog)
         code = main(argv)
         check_interrupted()  # a signal Python dropped (in a callback) still ends the run as interrupted
         return code
     except LpesError as err:
-        print(f"{prog}: error: {err}", file=sys.stderr)
+        print(f"{prog}: error: {one_line(str(err))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"{prog}: interrupted; nothing was left half-written", file=sys.stderr)
@@ -73,7 +90,7 @@ def _run(prog: str, main: Callable[[list[str] | None], int], argv: list[str] | N
         # A copy that fills the disk reports its source as filename and its destination as filename2.
         full = err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
         target = err.filename2 if full and err.filename2 else err.filename
-        where = f": {target}" if target else ""
+        where = f": {shown(target)}" if target else ""
         print(f"{prog}: error: {err.strerror or os.strerror(err.errno)}{where} ({USER_OS_ERRORS[err.errno]})",
               file=sys.stderr)
         return 2

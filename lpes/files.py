@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from lpes.errors import LpesError
+from lpes.errors import LpesError, shown
 from lpes.interrupts import check_interrupted
 
 
@@ -44,7 +44,7 @@ def save_atomic(path: str | os.PathLike, save: Callable[[Path], object]) -> Path
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=f".tmp{path.suffix}")
     except OSError as err:
-        raise LpesError(f"cannot write {path}: {_reason(err)}") from None
+        raise LpesError(f"cannot write {shown(path)}: {_reason(err)}") from None
     os.close(fd)
     tmp = Path(name)
     try:
@@ -54,7 +54,7 @@ def save_atomic(path: str | os.PathLike, save: Callable[[Path], object]) -> Path
         check_interrupted()  # a SIGINT/SIGTERM Python dropped: nothing is renamed into place (lpes/interrupts.py)
         os.replace(tmp, path)
     except OSError as err:
-        raise LpesError(f"cannot write {path}: {_reason(err)}") from None
+        raise LpesError(f"cannot write {shown(path)}: {_reason(err)}") from None
     finally:
         tmp.unlink(missing_ok=True)  # gone already after a successful rename
     return path
@@ -84,12 +84,12 @@ def read_json_object(path: str | os.PathLike) -> dict:
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as err:  # ValueError: also integers of over 4300 digits
-        raise LpesError(f"cannot read {path}: {str(err).splitlines()[0][:120] if str(err) else type(err).__name__}"
-                        ) from None
+        why = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
+        raise LpesError(f"cannot read {shown(path)}: {why}") from None
     except RecursionError:
-        raise LpesError(f"cannot read {path}: JSON nested too deeply") from None
+        raise LpesError(f"cannot read {shown(path)}: JSON nested too deeply") from None
     if not isinstance(data, dict):
-        raise LpesError(f"{path} is not a JSON object")
+        raise LpesError(f"{shown(path)} is not a JSON object")
     return data
 
 

@@ -39,7 +39,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from lpes.devices import format_bytes
-from lpes.errors import LpesError
+from lpes.errors import LpesError, shown
 from lpes.files import fsync_path
 from lpes.interrupts import check_interrupted, shielded
 
@@ -59,9 +59,9 @@ def check_output_folder(out: str | os.PathLike, model_path: Path, force: bool) -
     _check_not_around_cwd(path)
     _check_apart_from_model(path, model_path)
     if path.is_symlink():
-        raise LpesError(f"--out {path} is a symbolic link; name the folder itself")
+        raise LpesError(f"--out {shown(path)} is a symbolic link; name the folder itself")
     if path.exists() and not path.is_dir():
-        raise LpesError(f"--out {path} is a file; lpes-convert writes a folder there (choose a new name)")
+        raise LpesError(f"--out {shown(path)} is a file; lpes-convert writes a folder there (choose a new name)")
     _check_replaceable(path, force)
     _check_creatable(path)
     check_siblings(path)
@@ -72,9 +72,9 @@ def check_output_file(out: str | os.PathLike, force: bool) -> Path:
     """A file --out (lpes-search's spec) as a Path, or LpesError: not a folder, not there without --force."""
     path = _non_empty(out)
     if path.is_dir():
-        raise LpesError(f"--out {path} is a folder; name the spec file to write (e.g. {path / 'best.json'})")
+        raise LpesError(f"--out {shown(path)} is a folder; name the spec file to write (e.g. {path / 'best.json'})")
     if path.exists() and not force:
-        raise LpesError(f"{path} exists; pass --force to overwrite it")
+        raise LpesError(f"{shown(path)} exists; pass --force to overwrite it")
     _check_creatable(path)
     check_siblings(path)
     return path
@@ -95,22 +95,22 @@ def check_files_beside(out: Path, names: list[str], need_bytes: int) -> None:
     for name in names:
         there = Path(out).parent / name
         if there.is_symlink() or (there.exists() and not there.is_file()):
-            raise LpesError(f"{there} is in the way: this run writes a file there, and it is a "
+            raise LpesError(f"{shown(there)} is in the way: this run writes a file there, and it is a "
                             f"{'symbolic link' if there.is_symlink() else 'folder'}; move it")
         if len(name.encode()) + _TEMP_EXTRA + len(Path(name).suffix) > name_max:
             raise LpesError(f"--out {out.name[:40]!r}...: the file {name[:60]!r}... it writes beside it makes a name "
                             f"longer than this filesystem allows ({name_max} bytes); shorten the name")
     free = shutil.disk_usage(ancestor).free
     if free < need_bytes:
-        raise LpesError(f"{ancestor} has {format_bytes(free)} free; this run writes up to {format_bytes(need_bytes)} "
-                        "there (free some space or choose another --out)")
+        raise LpesError(f"{shown(ancestor)} has {format_bytes(free)} free; this run writes up to "
+                        f"{format_bytes(need_bytes)} there (free some space or choose another --out)")
     try:
         with tempfile.NamedTemporaryFile(dir=ancestor, prefix=".lpes-probe-") as probe:
             probe.write(b"\0" * PROBE_BYTES)
             probe.flush()
             os.fsync(probe.fileno())
     except OSError as err:
-        raise LpesError(f"cannot write in {ancestor}: {err.strerror or err} (checked before any work)") from None
+        raise LpesError(f"cannot write in {shown(ancestor)}: {err.strerror or err} (checked before any work)") from None
 
 
 def check_siblings(out: Path) -> None:
@@ -118,14 +118,16 @@ def check_siblings(out: Path) -> None:
     symbolic link there would make lpes create, rename or remove files elsewhere."""
     lock, aside = _sibling(out, ".lpes-lock"), _sibling(out, ".lpes-old")
     if lock.is_symlink() or (lock.exists() and not lock.is_file()):
-        raise LpesError(f"{lock} is not lpes's lock file (a {'symbolic link' if lock.is_symlink() else 'folder'}); "
-                        "lpes does not follow or remove it: remove it yourself")
+        raise LpesError(f"{shown(lock)} is not lpes's lock file (a "
+                        f"{'symbolic link' if lock.is_symlink() else 'folder'}); lpes does not follow or remove it: "
+                        "remove it yourself")
     if aside.is_symlink() or (aside.exists() and not aside.is_dir()):
-        raise LpesError(f"{aside} is not a folder lpes set aside (a {'symbolic link' if aside.is_symlink() else 'file'}"
-                        "); lpes does not follow or remove it: remove it yourself")
+        raise LpesError(f"{shown(aside)} is not a folder lpes set aside (a "
+                        f"{'symbolic link' if aside.is_symlink() else 'file'}); lpes does not follow or remove it: "
+                        "remove it yourself")
     for stale in _staging_folders(out):
         if stale.is_symlink() or not stale.is_dir():
-            raise LpesError(f"{stale} is not a staging folder lpes made (a "
+            raise LpesError(f"{shown(stale)} is not a staging folder lpes made (a "
                             f"{'symbolic link' if stale.is_symlink() else 'file'}); remove it yourself")
 
 
@@ -133,7 +135,7 @@ def check_outside_model(path: Path, model_path: Path) -> None:
     """Refuse an output file written into the model folder (or a subfolder of it)."""
     here, model = _real(path), _real(model_path)
     if here == model or model in here.parents:
-        raise LpesError(f"--out {path} is inside the model folder {model_path}; write it elsewhere")
+        raise LpesError(f"--out {shown(path)} is inside the model folder {shown(model_path)}; write it elsewhere")
 
 
 def is_lpes_output(path: Path) -> bool:
@@ -160,28 +162,28 @@ def _real(path: Path) -> Path:
 def _check_not_around_cwd(path: Path) -> None:
     here, cwd = _real(path), _real(Path.cwd())
     if here == cwd:
-        raise LpesError(f"--out {path} is the current directory; name a new folder")
+        raise LpesError(f"--out {shown(path)} is the current directory; name a new folder")
     if here in cwd.parents:
-        raise LpesError(f"--out {path} holds the current directory; name a new folder")
+        raise LpesError(f"--out {shown(path)} holds the current directory; name a new folder")
 
 
 def _check_apart_from_model(path: Path, model_path: Path) -> None:
     here, model = _real(path), _real(model_path)
     if here == model:
-        raise LpesError(f"--out {path} is the model folder; name a new folder")
+        raise LpesError(f"--out {shown(path)} is the model folder; name a new folder")
     if model in here.parents:
-        raise LpesError(f"--out {path} is inside the model folder {model_path}; name a folder elsewhere")
+        raise LpesError(f"--out {shown(path)} is inside the model folder {shown(model_path)}; name a folder elsewhere")
     if here in model.parents:
-        raise LpesError(f"--out {path} holds the model folder {model_path}; name a new folder")
+        raise LpesError(f"--out {shown(path)} holds the model folder {shown(model_path)}; name a new folder")
 
 
 def _check_replaceable(path: Path, force: bool) -> None:
     if not path.exists():
         return
     if not force:
-        raise LpesError(f"output folder {path} exists; pass --force to replace it")
+        raise LpesError(f"output folder {shown(path)} exists; pass --force to replace it")
     if not is_lpes_output(path) and any(path.iterdir()):
-        raise LpesError(f"{path} was not written by lpes-convert (no {MARKER} in it); --force replaces only "
+        raise LpesError(f"{shown(path)} was not written by lpes-convert (no {MARKER} in it); --force replaces only "
                         "lpes output folders, delete it yourself if it is yours")
 
 
@@ -191,9 +193,9 @@ def _check_creatable(path: Path) -> None:
     while not ancestor.exists() and ancestor != ancestor.parent:
         ancestor = ancestor.parent
     if not ancestor.is_dir():
-        raise LpesError(f"cannot create --out {path}: {ancestor} is not a folder")
+        raise LpesError(f"cannot create --out {shown(path)}: {shown(ancestor)} is not a folder")
     if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise LpesError(f"cannot create --out {path}: no permission to write in {ancestor}")
+        raise LpesError(f"cannot create --out {shown(path)}: no permission to write in {shown(ancestor)}")
     name_max = os.pathconf(ancestor, "PC_NAME_MAX")
     to_make = _real(path).parts[len(ancestor.parts):]  # the folders lpes will create, OUT last
     if len(path.name.encode()) + SIBLING_EXTRA > name_max or any(len(p.encode()) > name_max for p in to_make):
@@ -261,16 +263,16 @@ def _locked(out: Path) -> Iterator[None]:
         except OSError as err:
             if err.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
                 raise
-            raise LpesError(f"{path} is not lpes's lock file ({os.strerror(err.errno).lower()}); lpes does not follow "
-                            "or remove it: remove it yourself") from None
+            raise LpesError(f"{shown(path)} is not lpes's lock file ({os.strerror(err.errno).lower()}); lpes does "
+                            "not follow or remove it: remove it yourself") from None
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)
-            raise LpesError(f"{path} is not lpes's lock file (not a regular file); remove it yourself")
+            raise LpesError(f"{shown(path)} is not lpes's lock file (not a regular file); remove it yourself")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise LpesError(f"another lpes run is writing {out} (it holds {path.name}); "
+            raise LpesError(f"another lpes run is writing {shown(out)} (it holds {path.name}); "
                             "wait for it to finish or choose another --out") from None
         # The holder before us unlinks the file while it still holds it; if we locked that
         # unlinked file, a third run could lock a new one beside us. Lock the file at `path`.
@@ -298,7 +300,7 @@ def _recover(out: Path) -> None:
     if not aside.exists() and not aside.is_symlink():
         return
     if aside.is_symlink() or not aside.is_dir():
-        raise LpesError(f"{aside} is not a folder lpes set aside; lpes does not follow or remove it: "
+        raise LpesError(f"{shown(aside)} is not a folder lpes set aside; lpes does not follow or remove it: "
                         "remove it yourself")
     if out.exists():  # the new output was renamed in; only the removal of the old one was cut short
         shutil.rmtree(aside)
@@ -312,7 +314,7 @@ def _remove_stale_staging(out: Path) -> None:
     folder exists (a killed one loses the lock with its life), so under the lock all are stale."""
     for stale in _staging_folders(out):
         if stale.is_symlink() or not stale.is_dir():
-            raise LpesError(f"{stale} is not a staging folder lpes made; remove it yourself")
+            raise LpesError(f"{shown(stale)} is not a staging folder lpes made; remove it yourself")
         shutil.rmtree(stale, ignore_errors=True)
         _unregister_staging(stale)
         _say(f"removed {stale.name}, left by an interrupted run")
@@ -437,10 +439,19 @@ def report_stale_staging(prog: str) -> list[Path]:
             _unregister_staging(path)
             continue
         stale.append(path)
-        print(f"{prog}: note: {path} ({format_bytes(_size(path))}) was left by an interrupted lpes run (pid {pid}); "
-              f"remove it with: rm -rf {shlex.quote(str(path))} (a run writing the same --out also removes it)",
+        print(f"{prog}: note: {shown(path)} ({format_bytes(_size(path))}) was left by an interrupted lpes run "
+              f"(pid {pid}); remove it with: rm -rf {_shell_quoted(str(path))} (a run writing the same --out also "
+              "removes it)",
               file=sys.stderr, flush=True)
     return stale
+
+
+def _shell_quoted(text: str) -> str:
+    """`text` as bash reads it back, on one line: shlex's quoting, or $'...' where a character does not print."""
+    if text.isprintable():
+        return shlex.quote(text)
+    return "$'" + "".join(f"\\x{ord(c):02x}" if ord(c) < 256 and (not c.isprintable() or c in "'\\")
+                          else c if c.isprintable() else repr(c)[1:-1] for c in text) + "'"
 
 
 def _alive(pid: int) -> bool:

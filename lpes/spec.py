@@ -68,7 +68,7 @@ from typing import Any
 import numpy as np
 
 from lpes import bezier
-from lpes.errors import LpesError
+from lpes.errors import LpesError, shown
 from lpes.files import write_bytes_atomic
 
 __all__ = ["Curve", "SearchTask", "Spec", "StockRope", "dump_spec", "load_spec", "parse_spec"]
@@ -324,7 +324,7 @@ def dump_spec(spec: Spec, path: str | os.PathLike) -> None:
     try:
         data = (json.dumps(spec.to_json(), indent=2, allow_nan=False) + "\n").encode()
     except ValueError:  # NaN or an infinity somewhere (the provenance is free-form): not JSON
-        raise LpesError(f"cannot write {path}: the spec holds NaN or an infinite number, which JSON cannot "
+        raise LpesError(f"cannot write {shown(path)}: the spec holds NaN or an infinite number, which JSON cannot "
                         "hold") from None
     _check_size(len(data), Path(path))
     parse_spec(_decode(data, Path(path)))
@@ -366,18 +366,18 @@ def _read(path: Path) -> bytes:
     try:
         info = path.stat()
         if stat.S_ISDIR(info.st_mode):
-            raise LpesError(f"spec file {path} is a directory, not a file{_spec_inside(path)}")
+            raise LpesError(f"spec file {shown(path)} is a directory, not a file{_spec_inside(path)}")
         if not stat.S_ISREG(info.st_mode):  # a FIFO would block, /dev/zero never ends
-            raise LpesError(f"spec file {path} is not a regular file")
+            raise LpesError(f"spec file {shown(path)} is not a regular file")
         _check_size(info.st_size, path)
         with open(path, "rb") as handle:
             data = handle.read(MAX_FILE_BYTES + 1)
     except (FileNotFoundError, NotADirectoryError):
-        raise LpesError(f"spec file not found: {path}") from None
+        raise LpesError(f"spec file not found: {shown(path)}") from None
     except PermissionError:
-        raise LpesError(f"cannot read spec file {path}: permission denied") from None
+        raise LpesError(f"cannot read spec file {shown(path)}: permission denied") from None
     except OSError as err:
-        raise LpesError(f"cannot read spec file {path}: {err.strerror or err}") from None
+        raise LpesError(f"cannot read spec file {shown(path)}: {err.strerror or err}") from None
     except ValueError as err:  # a NUL byte in the path
         raise LpesError(f"spec file path {_show(str(path))} is not a valid path: {err}") from None
     _check_size(len(data), path)  # again: it may have grown since the stat
@@ -386,7 +386,7 @@ def _read(path: Path) -> bytes:
 
 def _check_size(size: int, path: Path) -> None:
     if size > MAX_FILE_BYTES:
-        raise LpesError(f"spec file {path} is larger than {MAX_FILE_BYTES >> 20} MiB; is it a spec?")
+        raise LpesError(f"spec file {shown(path)} is larger than {MAX_FILE_BYTES >> 20} MiB; is it a spec?")
 
 
 def _spec_inside(folder: Path) -> str:
@@ -411,13 +411,13 @@ def _decode(data: bytes, path: Path) -> Any:
     try:
         text = data.decode("utf-8-sig")  # a byte-order mark from a Windows editor is harmless
     except UnicodeDecodeError as err:
-        raise LpesError(f"spec file {path} is not UTF-8 text (byte {err.start})") from None
+        raise LpesError(f"spec file {shown(path)} is not UTF-8 text (byte {err.start})") from None
     try:
         value = json.loads(text, object_pairs_hook=_unique_keys, parse_int=_parse_int, parse_constant=_no_constant)
     except RecursionError:
-        raise LpesError(f"spec file {path}: nested deeper than {MAX_DEPTH} levels") from None
+        raise LpesError(f"spec file {shown(path)}: nested deeper than {MAX_DEPTH} levels") from None
     except ValueError as err:
-        raise LpesError(f"spec file {path} is not valid JSON: {err}") from None
+        raise LpesError(f"spec file {shown(path)} is not valid JSON: {err}") from None
     _check_structure(value)
     return value
 
