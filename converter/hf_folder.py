@@ -253,6 +253,22 @@ def _link_or_copy_files(model_path: Path, out_dir: Path) -> None:
             shutil.copyfile(source, target)
 
 
+def hf_folder_bytes(model_path: Path, out: Path) -> int:
+    """About what `write_hf_folder` writes into `out`: the files it copies, and the weights unless they can be
+    hard-linked (the same filesystem), the model code and the spec; for the plan's free-space check."""
+    from lpes.preflight import nearest_existing
+
+    out_device = os.stat(nearest_existing(Path(out).parent)).st_dev
+    total = 1 << 20  # config.json, the model code, the spec, the card
+    for source in sorted(Path(model_path).iterdir()):
+        if not source.is_file() or source.name.startswith(".") or source.name.endswith((".py", *PICKLE_SUFFIXES)):
+            continue
+        found = source.stat()  # a link's target: Hugging Face's cache links every file to blobs/
+        linked = (source.suffix in WEIGHT_SUFFIXES or source.name in WEIGHT_INDEXES) and found.st_dev == out_device
+        total += 0 if linked else found.st_size
+    return total
+
+
 def _link_or_copy(source: Path, target: Path) -> None:
     """Hard link where the filesystem allows (no bytes copied, never re-serialised), else copy."""
     try:

@@ -24,6 +24,7 @@ from lpes.converter.architectures import architecture_for
 from lpes.converter.real_models import is_real_model, licence_line, real_model_folder
 from lpes.errors import LpesError, shown
 from lpes.files import read_json_object
+from lpes.preflight import check_no_special_files
 
 if TYPE_CHECKING:
     from lpes.spec import Spec
@@ -91,7 +92,9 @@ def check_model_folder(path: Path) -> Path:
 
 def check_folder_files(folder: Path) -> None:
     """What lpes reads or copies from `folder` besides the weights: its own files, no custom tokenizer code,
-    a readable generation_config.json, no quantization (lpes converts plain checkpoints)."""
+    a readable generation_config.json, no quantization (lpes converts plain checkpoints), no FIFO, device or
+    socket (lpes/preflight.py)."""
+    check_no_special_files(folder, "a model folder")
     for entry in sorted(folder.iterdir()):
         if entry.is_symlink() and not inside_folder(folder, entry):
             raise LpesError(f"{entry} is a symbolic link to {os.readlink(entry)[:120]}, outside the model folder; "

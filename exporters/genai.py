@@ -158,6 +158,19 @@ def write_genai(plan: GenaiPlan, out_dir: Path) -> Path:
     return out_dir
 
 
+# Bytes per weight the builder writes, per precision (int4 counted as a byte: its scales and the layers it
+# keeps in float).
+_PRECISION_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1, "int4": 1}
+
+
+def package_bytes(plan: GenaiPlan) -> int:
+    """About the most `write_genai` holds on disk at once: the builder's package and the scaled one re-saved
+    beside it, each the weights in the plan's precision."""
+    from lpes.converter.loading import parameter_count
+
+    return 2 * parameter_count(plan.model_path) * _PRECISION_BYTES.get(plan.precision, 4)
+
+
 # ---- checks ----
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from lpes.converter.trust import check_hub_weights, check_lpes_fields, read_folder_json
 from lpes.errors import LpesError
 from lpes.files import read_json_object
+from lpes.preflight import check_no_special_files
 
 GENAI_CONFIG = "genai_config.json"
 ONNX_METADATA = "lpes_onnx.json"
@@ -47,6 +48,7 @@ def check_received_folder(folder: Path) -> None:
     from lpes.converter.loading import SAFETENSORS, SAFETENSORS_INDEX, inside_folder, read_generation_config
 
     folder = Path(folder)
+    check_no_special_files(folder, "a received folder")  # a FIFO would block the first read (lpes/preflight.py)
     files = _walk(folder)
     for path in files:
         if path.is_symlink() and not inside_folder(folder, path):

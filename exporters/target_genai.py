@@ -38,6 +38,11 @@ class GenaiPackage(Target):
 
         self.plan = check_genai(self.job.model_path, self.job.spec, config=self.job.config, **self.options)
 
+    def output_bytes(self, out: Path) -> int:
+        from lpes.exporters.genai import package_bytes
+
+        return package_bytes(self.plan)
+
     def write(self, folder: Path) -> Written:
         from lpes.exporters.genai import write_genai
 

@@ -20,6 +20,11 @@ class HubFolder(Target):
     holds_spec = True
     uploads = True
 
+    def output_bytes(self, out: Path) -> int:
+        from lpes.converter.hf_folder import hf_folder_bytes
+
+        return hf_folder_bytes(self.job.model_path, out)
+
     def write(self, folder: Path) -> Written:
         from lpes.converter.hf_folder import write_hf_folder
         from lpes.version import __version__

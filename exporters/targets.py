@@ -10,7 +10,8 @@ A target says, in one class, everything the pipeline and the validation report n
   (what lpes-generate runs);
 - `needs`: targets whose output it is built from (TensorRT builds from the ONNX export);
 - `add_arguments` / `options`: its own command-line flags;
-- `check`: everything that can fail before a weight is read (plan time);
+- `check`: everything that can fail before a weight is read (plan time); `output_bytes`: about
+  how much it writes (the plan's free-space check);
 - `write`: the export itself, into its folder of the staging output;
 - `open`: a greedy runner over a written export, for key-value validation (an
   `exporters.runners.GreedyRunner`; raises `RunnerUnavailable` where this machine cannot run it);
@@ -132,6 +133,13 @@ class Target:
 
     def check(self) -> None:
         """Raise LpesError for anything that would fail later; read no weights."""
+
+    def output_bytes(self, out: Path) -> int:
+        """About how many bytes `write` puts in its folder of the output `out` at most (plan time, for the
+        free-space check; read no weights). Default: one copy of the weights in --dtype, as a graph export."""
+        from lpes.converter.loading import DTYPES, parameter_count
+
+        return parameter_count(self.job.model_path) * DTYPES[self.job.dtype].itemsize
 
     def plan_note(self) -> str | None:
         """After `check`: one line said before any work starts (what this run will not do here)."""

@@ -176,10 +176,12 @@ def _validate_parser() -> argparse.ArgumentParser:
 def _validate(argv: list[str] | None) -> int:
     from lpes.converter.loading import DEFAULT_MODEL, load_config, resolve_model, searched_elsewhere
     from lpes.converter.trust import check_hub_code
+    from lpes.converter.weights_dtype import dtype_note
     from lpes.devices import check_device, default_dtype
     from lpes.exporters.received import check_received_folder
     from lpes.search.run import check_answer_tokens
     from lpes.validation.report import find_spec, resolve_task, validate
+    from lpes.validation.report_room import check_report_room
 
     args = _validate_parser().parse_args(argv)
     max_seconds = _max_seconds(args.max_minutes)
@@ -189,6 +191,7 @@ def _validate(argv: list[str] | None) -> int:
                         else f"folder not found: {shown(args.dir)}")
     check_hub_code(args.dir)  # before anything imports the folder's code (converter/trust.py)
     check_received_folder(args.dir)  # and before a runtime opens a file or library it names (exporters/received.py)
+    plan_line = check_report_room(args.dir)  # before any prompt is scored (validation/report_room.py)
     spec = find_spec(args.dir)
     model = args.model or spec.provenance.get("base_model") or DEFAULT_MODEL
     model_path = resolve_model(model)
@@ -202,6 +205,9 @@ def _validate(argv: list[str] | None) -> int:
     task = resolve_task(model_path, spec, args.data, args.chat_template, args.answer_tokens)
     if task.override:
         print(f"lpes-validate: {task.override}", file=sys.stderr)
+    for line in [f"plan: {plan_line}", dtype_note(model_path, dtype)]:
+        if line:
+            print(f"lpes-validate: {line}", file=sys.stderr)
     report = validate(model_path, args.dir, spec, data=args.data, chat_template=args.chat_template,
                       answer_tokens=args.answer_tokens, reference_dtype=dtype, device=device,
                       max_seconds=max_seconds, model_name=model, shown_dir=args.dir, shown_model=model,

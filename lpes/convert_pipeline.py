@@ -27,9 +27,11 @@ from lpes.converter.loading import (
     searched_elsewhere,
 )
 from lpes.converter.reference import check_layout, check_rope_scheme
+from lpes.converter.weights_dtype import dtype_note
 from lpes.errors import LpesError
 from lpes.exporters.targets import ExportJob, Target, default_targets, parse_targets, targets_where
 from lpes.outputs import check_output_folder, staged_output
+from lpes.preflight import check_folder_room
 from lpes.spec import Spec, load_spec
 
 if TYPE_CHECKING:
@@ -124,7 +126,10 @@ def plan(options: ConvertOptions) -> ConvertPlan:
     targets = [cls(job, options.target_options.get(cls.name)) for cls in target_classes]
     for target in targets:
         target.check()
-    notes = [note for t in targets if (note := t.plan_note())] + ([task.override] if task and task.override else [])
+    room = check_folder_room(out, sum(t.output_bytes(out) for t in targets))  # writable, with room: lpes/preflight.py
+    notes = [f"plan: {room}", dtype_note(model_path, options.dtype), *(t.plan_note() for t in targets),
+             task.override if task else None]
+    notes = [note for note in notes if note]
     return ConvertPlan(job, out, targets, force=options.force, push_to_hub=options.push_to_hub, data=options.data,
                        max_validation_seconds=options.max_validation_seconds, notes=notes,
                        chat_template=options.chat_template, answer_tokens=options.answer_tokens,

@@ -33,7 +33,6 @@ import shlex
 import shutil
 import stat
 import sys
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -42,6 +41,7 @@ from lpes.devices import format_bytes
 from lpes.errors import LpesError, shown
 from lpes.files import fsync_path
 from lpes.interrupts import check_interrupted, shielded
+from lpes.preflight import check_room, nearest_existing
 
 MARKER = ".lpes-output"
 MARKER_FORMAT = "lpes-output"
@@ -80,18 +80,14 @@ def check_output_file(out: str | os.PathLike, force: bool) -> Path:
     return path
 
 
-# A test write at plan time: what a full disk or a file size limit refuses shows before any work.
-PROBE_BYTES = 256 * 1024
 _TEMP_EXTRA = len("..") + 8 + len(".tmp")  # lpes.files.save_atomic's temporary name: .NAME.XXXXXXXX.tmpSUFFIX
 
 
-def check_files_beside(out: Path, names: list[str], need_bytes: int) -> None:
+def check_files_beside(out: Path, names: list[str], need_bytes: int) -> str:
     """The files a run will write in `out`'s folder (`names`) fit the filesystem's name limit with their
-    temporary names, the folder takes a test write, and it has `need_bytes` free; else LpesError."""
-    ancestor = _real(out).parent
-    while not ancestor.exists() and ancestor != ancestor.parent:
-        ancestor = ancestor.parent
-    name_max = os.pathconf(ancestor, "PC_NAME_MAX")
+    temporary names, the folder takes a test write, and it has `need_bytes` free with a margin; else
+    LpesError. Returns the plan line (lpes.preflight.check_room)."""
+    name_max = os.pathconf(nearest_existing(_real(out).parent), "PC_NAME_MAX")
     for name in names:
         there = Path(out).parent / name
         if there.is_symlink() or (there.exists() and not there.is_file()):
@@ -100,17 +96,7 @@ def check_files_beside(out: Path, names: list[str], need_bytes: int) -> None:
         if len(name.encode()) + _TEMP_EXTRA + len(Path(name).suffix) > name_max:
             raise LpesError(f"--out {out.name[:40]!r}...: the file {name[:60]!r}... it writes beside it makes a name "
                             f"longer than this filesystem allows ({name_max} bytes); shorten the name")
-    free = shutil.disk_usage(ancestor).free
-    if free < need_bytes:
-        raise LpesError(f"{shown(ancestor)} has {format_bytes(free)} free; this run writes up to "
-                        f"{format_bytes(need_bytes)} there (free some space or choose another --out)")
-    try:
-        with tempfile.NamedTemporaryFile(dir=ancestor, prefix=".lpes-probe-") as probe:
-            probe.write(b"\0" * PROBE_BYTES)
-            probe.flush()
-            os.fsync(probe.fileno())
-    except OSError as err:
-        raise LpesError(f"cannot write in {shown(ancestor)}: {err.strerror or err} (checked before any work)") from None
+    return check_room([Path(out).parent / name for name in names], need_bytes)
 
 
 def check_siblings(out: Path) -> None:

@@ -221,8 +221,9 @@ def search(model: str, out: str | Path, options: SearchOptions = SearchOptions()
 
     check_options(options)
     path = check_output_file(out, force)
-    check_files_beside(path, [path.name, path.name + ".state.json", path.stem + "_curve.png",
-                              path.stem + "_fitness.png"], SEARCH_OUTPUT_BYTES)
+    room = check_files_beside(path, [path.name, path.name + ".state.json", path.stem + "_curve.png",
+                                     path.stem + "_fitness.png"], SEARCH_OUTPUT_BYTES)
+    print(f"lpes-search: plan: {room}", file=sys.stderr)
     with locked_output(path):
         return _search(model, path, options, force, progress)
 
@@ -282,6 +283,7 @@ def _plan(model: str, out: Path, options: SearchOptions, force: bool) -> _Plan:
     """Check the options, the model, the scheme and the data; read the examples and the tokenizer."""
     from lpes.converter.loading import load_config, model_label, resolve_model
     from lpes.converter.reference import check_layout, check_rope_scheme
+    from lpes.converter.weights_dtype import dtype_note
     from lpes.outputs import check_output_file, check_outside_model
     from lpes.validation.tasks import check_vocabulary, examples_for, task_config
 
@@ -313,6 +315,8 @@ def _plan(model: str, out: Path, options: SearchOptions, force: bool) -> _Plan:
 
         check_gradient_search(space, rope.linear, options.objective)
         _check_backward_memory(config, [budget for _, budget in lengths], options)
+    if note := dtype_note(model_path, resolve_dtype(options)):  # weights stored unlike config.json says
+        print(f"lpes-search: {note}", file=sys.stderr)
     return _Plan(model, out, model_path, config, rope, task, examples, holdout, lengths,
                  tokenizer, grid, space, settings, resolve_dtype(options), out.with_name(out.name + ".state.json"),
                  gold_weights([e.gold_index for e in examples]))

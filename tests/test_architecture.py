@@ -28,7 +28,8 @@ PACKAGES = {"lpes": "lpes", "converter": "lpes.converter", "exporters": "lpes.ex
             "validation": "lpes.validation", "search": "lpes.search"}
 # lpes/ holds both ends: the foundation every stage may use, and the top that may use every stage.
 FOUNDATION = {f"lpes.{name}" for name in
-              ("bezier", "devices", "errors", "files", "interrupts", "outputs", "plots", "spec", "version")}
+              ("bezier", "devices", "errors", "files", "interrupts", "outputs", "plots", "preflight", "spec",
+               "version")}
 TOP = {"lpes", "lpes.cli", "lpes.convert_pipeline", "lpes.generate", "lpes.search.cli"}
 LEVELS = {"lpes.converter": 1, "lpes.exporters": 2, "lpes.validation": 3, "lpes.search": 4}
 TOP_LEVEL = 5
