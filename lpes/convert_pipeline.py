@@ -156,10 +156,10 @@ def _with_provenance(spec: Spec, config, model_path: Path, model_name: str) -> S
 
 def execute(plan: ConvertPlan) -> ConvertResult:
     """Run the planned targets in a staging folder, validate, rename into place."""
-    for note in plan.notes:
-        _progress(note)
     result = ConvertResult(plan.out)
     with staged_output(plan.out, plan.force) as staging:  # lock, staging folder, atomic swap (lpes/outputs.py)
+        for note in plan.notes:  # under the lock: a second run on --out is turned away in one line
+            _progress(note)
         run_targets(plan, staging, result)
     if plan.push_to_hub:
         from lpes.converter.hub import push_folder

@@ -223,9 +223,8 @@ def search(model: str, out: str | Path, options: SearchOptions = SearchOptions()
     path = check_output_file(out, force)
     room = check_files_beside(path, [path.name, path.name + ".state.json", path.stem + "_curve.png",
                                      path.stem + "_fitness.png"], SEARCH_OUTPUT_BYTES)
-    print(f"lpes-search: plan: {room}", file=sys.stderr)
     with locked_output(path):
-        return _search(model, path, options, force, progress)
+        return _search(model, path, options, force, progress, room)
 
 
 # What lpes-search writes at most: the spec, two plots and the checkpoint (its history grows per generation).
@@ -266,8 +265,9 @@ class _Found:
     layout: Any
 
 
-def _search(model: str, out: Path, options: SearchOptions, force: bool, progress: bool) -> Spec:
+def _search(model: str, out: Path, options: SearchOptions, force: bool, progress: bool, room: str) -> Spec:
     plan = _plan(model, out, options, force)
+    print(f"lpes-search: plan: {room}", file=sys.stderr)  # every check held: what it writes, and the room for it
     started = time.time()
     # The resolved dtype, not "auto", decides what may resume: float32 and bfloat16 runs score differently.
     state = _resume(plan.checkpoint, replace(options, dtype=plan.dtype), plan.model_path, force)

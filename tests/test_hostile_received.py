@@ -526,16 +526,17 @@ def test_weights_of_every_layout_match_their_model(model_type, overrides, tmp_pa
 
 
 def test_search_checks_free_space_before_any_work(tmp_path, monkeypatch):
-    from lpes import outputs
+    from lpes import preflight
     from lpes.cli import search_main
 
     real = shutil.disk_usage
-    monkeypatch.setattr(outputs.shutil, "disk_usage", lambda p: real(p)._replace(free=1000))
+    monkeypatch.setattr(preflight.shutil, "disk_usage", lambda p: real(p)._replace(free=1000))
     stderr = io.StringIO()
     with contextlib.redirect_stderr(stderr):
         code = search_main(["lpes-tiny-kv", "--generations", "0", "--out", str(tmp_path / "best.json")])
     assert code == 2
-    assert "has 1000 bytes free; this run writes up to 16.0 MiB there" in stderr.getvalue()
+    assert ("has 1000 bytes free; this run writes up to 32.0 MiB there (16.0 MiB estimated, and a margin)"
+            in stderr.getvalue())
     assert list(tmp_path.iterdir()) == []
 
 

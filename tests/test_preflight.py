@@ -244,18 +244,6 @@ def test_convert_refuses_a_read_only_parent_before_loading(spec_file, tmp_path):
     assert list(parent.iterdir()) == []
 
 
-def test_search_refuses_a_full_disk_with_its_margin(tmp_path, monkeypatch):
-    from lpes import preflight
-    from lpes.cli import search_main
-
-    real = shutil.disk_usage
-    monkeypatch.setattr(preflight.shutil, "disk_usage", lambda p: real(p)._replace(free=1000))
-    code, lines, _ = run(search_main, ["lpes-tiny-kv", "--generations", "0", "--out", str(tmp_path / "best.json")])
-    assert_refused(code, lines, f"{tmp_path} has 1000 bytes free; this run writes up to 32.0 MiB there "
-                   "(16.0 MiB estimated, and a margin)")
-    assert list(tmp_path.iterdir()) == []
-
-
 # ---- 2. a path with a control character cannot break the one line ----
 
 
