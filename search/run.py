@@ -267,10 +267,10 @@ class _Found:
 
 def _search(model: str, out: Path, options: SearchOptions, force: bool, progress: bool, room: str) -> Spec:
     plan = _plan(model, out, options, force)
-    print(f"lpes-search: plan: {room}", file=sys.stderr)  # every check held: what it writes, and the room for it
     started = time.time()
     # The resolved dtype, not "auto", decides what may resume: float32 and bfloat16 runs score differently.
     state = _resume(plan.checkpoint, replace(options, dtype=plan.dtype), plan.model_path, force)
+    print(f"lpes-search: plan: {room}", file=sys.stderr)  # every check held: what it writes, and the room for it
     found = _run(plan, options, state, progress)
     spec = replace(found.spec, provenance=_provenance(plan, options, found))
     _write_outputs(spec, found.state, plan.out)
