@@ -1,4 +1,4 @@
-"""What every command checks before it loads a model or scores a prompt, and how a path shows in one line.
+"""What every command checks before it loads a model or scores a prompt.
 
 A run on a real model can take half an hour; what would make it fail at the end (an output
 name that is a folder, a folder it cannot write, a disk without room, a working directory
@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from lpes.devices import format_bytes
-from lpes.errors import LpesError, shown
+from lpes.errors import USER_OS_ERRORS, LpesError, shown
 
 # Every estimate gets this on top: files lpes does not size exactly (plots, sidecars, a card) and the
 # filesystem's own blocks. 10 % and at least 16 MiB.
@@ -119,10 +119,8 @@ def _probe(folder: Path, name: str) -> None:
     if not folder.is_dir():
         raise LpesError(f"cannot write in {shown(folder)}: it is not a folder")
     probe = folder / f".{name[:64]}{PROBE_INFIX}{os.getpid()}"
+    shutil.rmtree(probe, ignore_errors=True)  # one a killed run with this process id left
     try:
-        probe.mkdir()
-    except FileExistsError:  # a probe this process left (a second check in one run): start afresh
-        shutil.rmtree(probe, ignore_errors=True)
         probe.mkdir()
     except OSError as err:
         raise LpesError(f"cannot write in {shown(folder)}: {_why(err)} (checked before any work)") from None
@@ -142,8 +140,6 @@ def _probe(folder: Path, name: str) -> None:
 
 
 def _why(err: OSError) -> str:
-    from lpes.errors import USER_OS_ERRORS
-
     reason = err.strerror or str(err)
     return f"{reason} ({USER_OS_ERRORS[err.errno]})" if err.errno in USER_OS_ERRORS else reason
 
