@@ -43,6 +43,8 @@ from lpes.search.genome import Curve, SearchSpace
 from lpes.search.objective import weighted
 
 NAME = "gradient"
+# 2: one Adam step per mini-batch. A checkpoint of another version would resume other steps: refused.
+VERSION = 2
 LEARNING_RATE = 0.1  # Adam's step in log-scale: about 10% per mini-batch at most, in each control scale
 BETAS = (0.9, 0.999)
 EPSILON = 1e-8
@@ -77,14 +79,16 @@ class GradientSearch:
         if state.optimizer is None:
             scale, objective, accuracy = self._scan_uniform(state)
             u = [math.log(scale)] * len(self.x)
-            state.optimizer = {"name": NAME, "u": u, "m": [0.0] * len(self.x), "v": [0.0] * len(self.x),
+            zeros = [0.0] * len(self.x)
+            state.optimizer = {"name": NAME, "version": VERSION, "u": u, "m": zeros, "v": list(zeros),
                                "best": {"u": list(u), "objective": objective, "accuracy": accuracy, "generation": -1}}
             state.forward_tokens = tokens_before + self.evaluator.forward_tokens
             state.best_fitness, state.tokens_to_best = objective, state.forward_tokens
             state.generation = -1
-        elif state.optimizer.get("name") != NAME:
-            raise LpesError(f"the checkpoint is from {state.optimizer.get('name', 'ga')}, not {NAME}: resume it "
-                            "with that, or delete it to start over")
+        elif (state.optimizer.get("name"), state.optimizer.get("version")) != (NAME, VERSION):
+            found = " ".join(str(state.optimizer[k]) for k in ("name", "version") if k in state.optimizer) or "ga"
+            raise LpesError(f"the checkpoint is from {found}, not {NAME} {VERSION}: resume it with that, or delete "
+                            "it to start over")
         while state.generation < self.settings.generations and state.stop_reason is None:
             self._generation(state, tokens_before)
         return state
