@@ -12,7 +12,7 @@ know, a folder it cannot load) with one line and exit 2:
       folders must answer otherwise than the unscaled model (the scales are in effect).
   --real: the same on SmolLM2-135M-Instruct (lpes's `smollm2-135m`, converted once into ~/.cache/lpes) and its
       LPES folder from bench/real/smollm2-135m-best.json, with lm-eval's generative lpes_kv (the benchmark's
-      verdict), then a RULER task (default ruler_vt) at a short length on both folders.
+      verdict), then a RULER task (default niah_single_1) at a short length on both folders.
 
     .venv/bin/python compat/lm_eval_check.py [--real] [--lm-eval .venv-lmeval/bin/lm_eval] [--out lm-eval-out]
 """
@@ -99,18 +99,18 @@ def _tail(text: str, lines: int) -> str:
     return "".join(f"  {line[:200]}\n" for line in kept[-lines:])
 
 
-def verdicts(samples: list[dict], metric: str) -> dict[int, bool]:
-    return {s["doc"]["example_id"]: bool(s[metric]) for s in samples}
-
-
-def compare(name: str, lm_eval: dict[int, bool], validation: Path, variant: str) -> str:
+def compare(name: str, samples: list[dict], metric: str, validation: Path, variant: str) -> str:
     """lm-eval's verdicts against lpes-validate's on the same prompts; StepFailed on any difference."""
-    record = json.loads(validation.read_text())
-    lpes = {e["id"]: bool(e["correct"][variant]) for e in record["examples"]}
+    lm_eval = {s["doc"]["example_id"]: bool(s[metric]) for s in samples}
+    record = {e["id"]: e for e in json.loads(validation.read_text())["examples"]}
+    lpes = {i: bool(e["correct"][variant]) for i, e in record.items()}
     differ = sorted(i for i in lm_eval if lm_eval[i] != lpes.get(i))
     line = (f"{name}: lm-eval {sum(lm_eval.values())}/{len(lm_eval)}, lpes-validate ({variant}) "
             f"{sum(lpes[i] for i in lm_eval)}/{len(lm_eval)}, prompt by prompt: "
             + ("the same" if not differ else f"{len(differ)} differ (example ids {differ[:10]})"))
+    if metric == "best_subspan_em":  # generated text: lm-eval's response against lpes's generation
+        same = sum(s["filtered_resps"][0] == record[s["doc"]["example_id"]]["generated"][variant] for s in samples)
+        line += f"; generated text identical on {same}/{len(samples)}"
     print(line)
     if differ:
         raise StepFailed(line)
@@ -169,12 +169,12 @@ def bundled(run: Run, data: str) -> list[str]:
     metadata = {"data": data}
     plain = run.lm_eval_run(f"lm-eval lpes_kv_tf on {base.label}", base, "lpes_kv_tf", run.out / "lm-eval-base",
                             metadata)
-    report = [compare(base.label, verdicts(plain, "teacher_forced_em"), folders[0].path / "validation.json",
+    report = [compare(base.label, plain, "teacher_forced_em", folders[0].path / "validation.json",
                       "unscaled")]
     for n, folder in enumerate(folders):
         samples = run.lm_eval_run(f"lm-eval lpes_kv_tf on the {folder.label}", folder, "lpes_kv_tf",
                                   run.out / f"lm-eval-tiny-{n}", metadata)
-        report.append(compare(folder.label, verdicts(samples, "teacher_forced_em"), folder.path / "validation.json",
+        report.append(compare(folder.label, samples, "teacher_forced_em", folder.path / "validation.json",
                               folder.variant))
         moved = changed(samples, plain)
         report.append(f"{folder.label}: the answer's log-likelihood differs from the unscaled model's on "
@@ -204,7 +204,7 @@ def real(run: Run, data: str, ruler_task: str, ruler_length: int, ruler_limit: i
         samples = run.lm_eval_run(f"lm-eval lpes_kv on {folder.label}", folder, "lpes_kv",
                                   run.out / f"lm-eval-smollm2-{name}", {"data": data})
         outputs[name] = samples
-        report.append(compare(folder.label, verdicts(samples, "best_subspan_em"), lpes.path / "validation.json",
+        report.append(compare(folder.label, samples, "best_subspan_em", lpes.path / "validation.json",
                               folder.variant))
     report.append(f"{lpes.label}: its generation differs from the unscaled model's on "
                   f"{changed(outputs['lpes'], outputs['base'])}/{len(outputs['lpes'])} prompts")
@@ -228,9 +228,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--data", default="tiny-kv:examples=2", help="the bundled run's task (lpes-validate's --data)")
     p.add_argument("--real", action="store_true", help="SmolLM2-135M-Instruct and RULER instead of lpes-tiny-kv")
     p.add_argument("--real-data", default="kv:examples=1", help="the real run's task (lpes-validate's --data)")
-    p.add_argument("--ruler-task", default="ruler_vt", help="the RULER task of --real (default %(default)s)")
+    p.add_argument("--ruler-task", default="niah_single_1", help="the RULER task of --real (default %(default)s)")
     p.add_argument("--ruler-length", type=int, default=1024, help="its prompt length in tokens")
-    p.add_argument("--ruler-limit", type=int, default=5, help="its samples")
+    p.add_argument("--ruler-limit", type=int, default=10, help="its samples")
     return p
 
 
