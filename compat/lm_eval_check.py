@@ -7,9 +7,11 @@ cost; a failed step is named and ends the run with exit 1, bad input (lm-eval mi
 know, a folder it cannot load) with one line and exit 2:
 
   bundled (make lm-eval): lpes-tiny-kv's two Hub folders, per-layer (custom code, trust_remote_code) and
-      uniform (stock RoPE, no custom code), from compat/'s specs; lpes-validate on each; lm-eval's lpes_kv_tf on
-      the unscaled model and on both folders; every prompt's verdict must be lpes-validate's, and the scaled
-      folders must answer otherwise than the unscaled model (the scales are in effect).
+      uniform (stock RoPE, no custom code), and lpes-tiny-induction's per-layer one, from compat/'s specs;
+      lpes-validate on each; lm-eval's lpes_kv_tf on the unscaled models and on every folder: every prompt's
+      verdict must be lpes-validate's, and the scaled folders must answer otherwise than the unscaled model
+      (the scales are in effect). lpes_kv_tf, not the generative lpes_kv: the bundled tokenizers have no
+      end-of-sequence token, without which lm-eval's generation stops with a TypeError.
   --real: the same on SmolLM2-135M-Instruct (lpes's `smollm2-135m`, converted once into ~/.cache/lpes) and its
       LPES folder from bench/real/smollm2-135m-best.json, with lm-eval's generative lpes_kv (the benchmark's
       verdict), then a RULER task (default niah_single_1) at a short length on both folders.
@@ -117,10 +119,10 @@ def compare(name: str, samples: list[dict], metric: str, validation: Path, varia
     return line
 
 
-def changed(scaled: list[dict], unscaled: list[dict]) -> int:
-    """Prompts on which the scaled folder's response differs from the unscaled model's."""
-    plain = {s["doc"]["example_id"]: s["resps"] for s in unscaled}
-    return sum(s["resps"] != plain.get(s["doc"]["example_id"]) for s in scaled)
+def changed(scaled: list[dict], unscaled: list[dict], key: str = "resps") -> int:
+    """Prompts on which the scaled folder's response (or `key`: its verdict) differs from the unscaled model's."""
+    plain = {s["doc"]["example_id"]: s[key] for s in unscaled}
+    return sum(s[key] != plain.get(s["doc"]["example_id"]) for s in scaled)
 
 
 def check_lm_eval(lm_eval: Path, tasks: list[str]) -> None:
@@ -153,35 +155,45 @@ def check_folder(folder: Folder, generates: bool) -> None:
                             "needs (generate_until decodes it): score it with lpes_kv_tf, one forward pass")
 
 
-def bundled(run: Run, data: str) -> list[str]:
-    """lpes-tiny-kv: its per-layer and stock-RoPE Hub folders against lpes-validate, lpes_kv_tf."""
+# The bundled models, each with its Hub folders (spec, label, custom code) and the task lpes-validate scores.
+BUNDLED = (
+    ("lpes-tiny-kv", "tiny-kv:examples=2", (("compat/lpes-tiny-kv-spec.json", "per-layer Hub folder", True),
+                                            ("compat/lpes-tiny-kv-uniform-spec.json", "stock-RoPE Hub folder", False))),
+    ("lpes-tiny-induction", "tiny-induction:examples=2",
+     (("compat/lpes-tiny-induction-spec.json", "per-layer Hub folder", True),)),
+)
+
+
+def bundled(run: Run) -> list[str]:
+    """The bundled models: their per-layer and stock-RoPE Hub folders against lpes-validate, with lpes_kv_tf."""
     from lpes.converter.loading import resolve_model
 
     bin_dir = Path(sys.executable).parent
-    base = Folder("lpes-tiny-kv, unscaled", resolve_model("lpes-tiny-kv"), "unscaled", False)
-    folders = [Folder("per-layer Hub folder (custom code)", run.out / "tiny-kv-custom", "hf", True),
-               Folder("stock-RoPE Hub folder (linear 2.0)", run.out / "tiny-kv-stock", "hf", False)]
-    for folder, spec in zip(folders, ("compat/lpes-tiny-kv-spec.json", "compat/lpes-tiny-kv-uniform-spec.json")):
-        run.step(f"lpes-convert the {folder.label}", [bin_dir / "lpes-convert", "lpes-tiny-kv", "--curve", spec,
-                                                      "--to", "hf", "--out", folder.path, "--force", "--no-validate"])
-        check_folder(folder, generates=False)
-        run.step(f"lpes-validate the {folder.label}", [bin_dir / "lpes-validate", folder.path, "--data", data])
-    metadata = {"data": data}
-    plain = run.lm_eval_run(f"lm-eval lpes_kv_tf on {base.label}", base, "lpes_kv_tf", run.out / "lm-eval-base",
-                            metadata)
-    report = [compare(base.label, plain, "teacher_forced_em", folders[0].path / "validation.json",
-                      "unscaled")]
-    for n, folder in enumerate(folders):
-        samples = run.lm_eval_run(f"lm-eval lpes_kv_tf on the {folder.label}", folder, "lpes_kv_tf",
-                                  run.out / f"lm-eval-tiny-{n}", metadata)
-        report.append(compare(folder.label, samples, "teacher_forced_em", folder.path / "validation.json",
-                              folder.variant))
-        moved = changed(samples, plain)
-        report.append(f"{folder.label}: the answer's log-likelihood differs from the unscaled model's on "
-                      f"{moved}/{len(samples)} prompts (the scales are in effect)")
-        print(report[-1])
-        if not moved:
-            raise StepFailed(f"{folder.label}: lm-eval gives the unscaled model's outputs: no scale is in effect")
+    report = []
+    for model, data, hub_folders in BUNDLED:
+        base = Folder(f"{model}, unscaled", resolve_model(model), "unscaled", False)
+        folders = [Folder(f"{model}, {label}", run.out / f"{model}-{'custom' if custom else 'stock'}", "hf", custom)
+                   for _, label, custom in hub_folders]
+        for folder, (spec, _, _) in zip(folders, hub_folders):
+            run.step(f"lpes-convert {folder.label}", [bin_dir / "lpes-convert", model, "--curve", spec, "--to", "hf",
+                                                      "--out", folder.path, "--force", "--no-validate"])
+            check_folder(folder, generates=False)
+            run.step(f"lpes-validate {folder.label}", [bin_dir / "lpes-validate", folder.path, "--data", data])
+        plain = run.lm_eval_run(f"lm-eval lpes_kv_tf on {base.label}", base, "lpes_kv_tf",
+                                run.out / f"lm-eval-{model}-unscaled", {"data": data})
+        report.append(compare(base.label, plain, "teacher_forced_em", folders[0].path / "validation.json",
+                              "unscaled"))
+        for folder in folders:
+            samples = run.lm_eval_run(f"lm-eval lpes_kv_tf on {folder.label}", folder, "lpes_kv_tf",
+                                      run.out / f"lm-eval-{folder.path.name}", {"data": data})
+            report.append(compare(folder.label, samples, "teacher_forced_em", folder.path / "validation.json",
+                                  folder.variant))
+            report.append(f"{folder.label}: the answer's log-likelihood differs from the unscaled model's on "
+                          f"{changed(samples, plain)}/{len(samples)} prompts, the verdict on "
+                          f"{changed(samples, plain, 'teacher_forced_em')} (the scales are in effect)")
+            print(report[-1])
+            if not changed(samples, plain):
+                raise StepFailed(f"{folder.label}: lm-eval gives the unscaled model's outputs: no scale is in effect")
     return report
 
 
@@ -225,7 +237,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--lm-eval", type=Path, default=ROOT / ".venv-lmeval" / "bin" / "lm_eval",
                    help="lm-eval's command, in a venv with lpes (default: %(default)s)")
     p.add_argument("--out", type=Path, default=ROOT / "lm-eval-out", help="where the folders and runs go")
-    p.add_argument("--data", default="tiny-kv:examples=2", help="the bundled run's task (lpes-validate's --data)")
     p.add_argument("--real", action="store_true", help="SmolLM2-135M-Instruct and RULER instead of lpes-tiny-kv")
     p.add_argument("--real-data", default="kv:examples=1", help="the real run's task (lpes-validate's --data)")
     p.add_argument("--ruler-task", default="niah_single_1", help="the RULER task of --real (default %(default)s)")
@@ -244,7 +255,7 @@ def main(argv: list[str] | None) -> int:
     started = time.time()
     try:
         report = (real(run, args.real_data, args.ruler_task, args.ruler_length, args.ruler_limit) if args.real
-                  else bundled(run, args.data))
+                  else bundled(run))
     except StepFailed as err:
         print(f"\nmake lm-eval: FAILED: {err}", file=sys.stderr)
         return 1

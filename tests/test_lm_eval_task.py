@@ -31,7 +31,8 @@ PROBE = """
 import json, sys
 from lm_eval.tasks import TaskManager
 folder, data, include = sys.argv[1:4]
-manager = TaskManager(include_path=include, metadata={"pretrained": folder, "data": data})
+manager = TaskManager(include_path=include, include_defaults=False,  # lpes's tasks alone: seconds, not a minute
+                      metadata={"pretrained": folder, "data": data})
 loaded = manager.load(["lpes_kv", "lpes_kv_tf"])
 out = {}
 for name, task in loaded["tasks"].items():
