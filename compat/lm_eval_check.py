@@ -16,7 +16,10 @@ know, a folder it cannot load) with one line and exit 2:
       LPES folder from bench/real/smollm2-135m-best.json, with lm-eval's generative lpes_kv (the benchmark's
       verdict), then a RULER task (default niah_single_1) at a short length on both folders.
 
+  --model DIR: lm-eval's --tasks (default lpes_kv) on one folder, with trust_remote_code where it holds code.
+
     .venv/bin/python compat/lm_eval_check.py [--real] [--lm-eval .venv-lmeval/bin/lm_eval] [--out lm-eval-out]
+    .venv/bin/python compat/lm_eval_check.py --model DIR [--tasks lpes_kv] [--metadata JSON] [--limit N]
 """
 
 from __future__ import annotations
@@ -130,8 +133,9 @@ def check_lm_eval(lm_eval: Path, tasks: list[str]) -> None:
     python = lm_eval.parent / "python"
     if not lm_eval.is_file() or not python.is_file():
         raise LpesError(f"lm-eval is not installed at {lm_eval}: {INSTALL}")
+    defaults = any(not t.startswith("lpes_kv") for t in tasks)  # lm-eval's own tasks: index them all (slower)
     probe = ("import json, sys\nimport lpes\nfrom lm_eval.tasks import TaskManager\n"
-             f"known = TaskManager(include_path={str(TASKS)!r}).all_tasks\n"
+             f"known = TaskManager(include_path={str(TASKS)!r}, include_defaults={defaults}).all_tasks\n"
              f"print(json.dumps([t for t in {tasks!r} if t not in known]))")
     done = subprocess.run([python, "-c", probe], capture_output=True, text=True, cwd=ROOT)
     if done.returncode:
@@ -147,6 +151,8 @@ def check_folder(folder: Folder, generates: bool) -> None:
     """What lm-eval's hf backend needs of a folder, said in one line before it runs (LpesError, exit 2)."""
     if not (folder.path / "config.json").is_file():
         raise LpesError(f"{folder.path} has no config.json: lm-eval's hf backend loads a Hugging Face model folder")
+    if not any(folder.path.glob("*.safetensors")):
+        raise LpesError(f"{folder.path} has no weights (*.safetensors): lm-eval's hf backend loads them from the folder")
     if generates:
         settings = json.loads((folder.path / "tokenizer_config.json").read_text()) \
             if (folder.path / "tokenizer_config.json").is_file() else {}
@@ -232,12 +238,34 @@ def real(run: Run, data: str, ruler_task: str, ruler_length: int, ruler_limit: i
     return report
 
 
+def one_folder(run: Run, path: Path, tasks: list[str], metadata: dict, limit: int | None) -> list[str]:
+    """lm-eval's `tasks` on one model folder, with the arguments it needs (trust_remote_code for lpes's code)."""
+    if not (path / "config.json").is_file():
+        raise LpesError(f"{path} has no config.json: lm-eval's hf backend loads a Hugging Face model folder"
+                        if path.is_dir() else f"model folder not found: {path}")
+    config = json.loads((path / "config.json").read_text())
+    folder = Folder(str(path), path, "hf", custom_code="auto_map" in config)
+    check_folder(folder, generates=any(task != "lpes_kv_tf" for task in tasks))
+    report = []
+    for task in tasks:
+        samples = run.lm_eval_run(f"lm-eval {task} on {path}", folder, task, run.out / f"lm-eval-{task}", metadata,
+                                  limit=limit)
+        metric = next(k for k in samples[0]["metrics"] if samples[0].get(k, -1) != -1)
+        scores = [float(s[metric]) for s in samples]
+        report.append(f"{task} on {path}: {metric} {sum(scores) / len(scores):.3f} over {len(samples)} prompts")
+    return report
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="compat/lm_eval_check.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--lm-eval", type=Path, default=ROOT / ".venv-lmeval" / "bin" / "lm_eval",
                    help="lm-eval's command, in a venv with lpes (default: %(default)s)")
     p.add_argument("--out", type=Path, default=ROOT / "lm-eval-out", help="where the folders and runs go")
     p.add_argument("--real", action="store_true", help="SmolLM2-135M-Instruct and RULER instead of lpes-tiny-kv")
+    p.add_argument("--model", type=Path, help="instead: lm-eval's --tasks on this model folder, with its score")
+    p.add_argument("--tasks", default="lpes_kv", help="with --model: lm-eval task names, comma-separated")
+    p.add_argument("--metadata", default="{}", help="with --model: lm-eval's --metadata (JSON), e.g. lpes_kv's data")
+    p.add_argument("--limit", type=int, help="with --model: the first N prompts of each task")
     p.add_argument("--real-data", default="kv:examples=1", help="the real run's task (lpes-validate's --data)")
     p.add_argument("--ruler-task", default="niah_single_1", help="the RULER task of --real (default %(default)s)")
     p.add_argument("--ruler-length", type=int, default=1024, help="its prompt length in tokens")
@@ -248,14 +276,23 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None) -> int:
     args = parser().parse_args(argv)
     lm_eval = args.lm_eval if args.lm_eval.is_absolute() else ROOT / args.lm_eval
-    check_lm_eval(lm_eval, ["lpes_kv", args.ruler_task] if args.real else ["lpes_kv_tf"])
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    try:
+        metadata = json.loads(args.metadata)
+    except ValueError as err:
+        raise LpesError(f"--metadata is not JSON: {err}") from None
+    check_lm_eval(lm_eval, tasks if args.model else ["lpes_kv", args.ruler_task] if args.real else ["lpes_kv_tf"])
     out = args.out if args.out.is_absolute() else ROOT / args.out
     out.mkdir(parents=True, exist_ok=True)
     run = Run(lm_eval, out)
     started = time.time()
     try:
-        report = (real(run, args.real_data, args.ruler_task, args.ruler_length, args.ruler_limit) if args.real
-                  else bundled(run))
+        if args.model:
+            report = one_folder(run, args.model.resolve(), tasks, metadata, args.limit)
+        elif args.real:
+            report = real(run, args.real_data, args.ruler_task, args.ruler_length, args.ruler_limit)
+        else:
+            report = bundled(run)
     except StepFailed as err:
         print(f"\nmake lm-eval: FAILED: {err}", file=sys.stderr)
         return 1
