@@ -152,7 +152,7 @@ def check_folder(folder: Folder, generates: bool) -> None:
     if not (folder.path / "config.json").is_file():
         raise LpesError(f"{folder.path} has no config.json: lm-eval's hf backend loads a Hugging Face model folder")
     if not any(folder.path.glob("*.safetensors")):
-        raise LpesError(f"{folder.path} has no weights (*.safetensors): lm-eval's hf backend loads them from the folder")
+        raise LpesError(f"{folder.path} has no weights (*.safetensors) for lm-eval's hf backend to load")
     if generates:
         settings = json.loads((folder.path / "tokenizer_config.json").read_text()) \
             if (folder.path / "tokenizer_config.json").is_file() else {}
