@@ -2,13 +2,14 @@
 # make test: install and run ruff and the test suite.
 # make demo-check: make demo in a fresh clone, then README's next steps on its output (nothing of it changes).
 # make compat: the compatibility matrix, one venv per transformers release (compat/matrix.py; not part of make test).
+# make lm-eval: lm-evaluation-harness on lpes's Hub folders, in a venv of its own (compat/lm_eval_check.py; not in make test).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 TORCH  := torch==2.13.0
 DEMO   := demo-out
 
-.PHONY: install test lint demo demo-check real-demo bench compat clean
+.PHONY: install test lint demo demo-check real-demo bench compat lm-eval lm-eval-install clean
 
 install: $(VENV)/.installed
 
@@ -103,9 +104,28 @@ COMPAT_OUT := compat-out
 compat: install
 	PYTHON=$(PYTHON) $(BIN)/python compat/matrix.py
 
+# lm-evaluation-harness, the tool long-context users evaluate with, in a venv of its own (.venv-lmeval: torch
+# first, CPU build where there is no GPU, then lm-eval with its RULER extra and lpes, whose key-value task it
+# runs from compat/lm_eval_tasks). Then compat/lm_eval_check.py: lm-eval on the per-layer Hub folder (custom
+# code) and the stock-RoPE one lpes writes for lpes-tiny-kv, each prompt by prompt against lpes-validate
+# (README, "lm-evaluation-harness"). Offline once installed; the steps and what each costs are printed.
+LMEVAL         := .venv-lmeval
+LMEVAL_VERSION := 0.4.13
+LMEVAL_OUT     := lm-eval-out
+lm-eval-install: $(LMEVAL)/.installed
+
+$(LMEVAL)/.installed: pyproject.toml
+	test -x $(LMEVAL)/bin/python || $(PYTHON) -m venv $(LMEVAL)
+	$(MAKE) --no-print-directory torch BIN=$(LMEVAL)/bin
+	$(LMEVAL)/bin/pip install --quiet "lm-eval[hf,ruler]==$(LMEVAL_VERSION)" -e .
+	touch $@
+
+lm-eval: install lm-eval-install
+	$(BIN)/python compat/lm_eval_check.py --lm-eval $(LMEVAL)/bin/lm_eval --out $(LMEVAL_OUT)
+
 bench: install
 	$(BIN)/python bench/bench_onnx_latency.py
 	$(BIN)/python bench/bench_search.py
 
 clean:
-	rm -rf $(VENV) $(DEMO) $(REAL) $(COMPAT) $(COMPAT)-* $(COMPAT_OUT) .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(DEMO) $(REAL) $(COMPAT) $(COMPAT)-* $(COMPAT_OUT) $(LMEVAL) $(LMEVAL_OUT) .pytest_cache .ruff_cache *.egg-info
