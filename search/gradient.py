@@ -14,13 +14,14 @@ Each generation is one pass over the calibration examples in fixed mini-batches 
 of its share of the objective J (search/objective.py: the gold-position-weighted mean
 log-likelihood) by one forward and one backward pass, then one Adam step on u, projected onto the
 scale grid's bounds [min, max]. So a pass over N examples in batches of B takes N / B steps for
-the cost of one full gradient (the full-batch version took one step per pass, and on SmolLM2
-spent most of its budget on steps it then took back). The pass ends with J of the point reached,
-scored exactly on every example (forward only, spread over the replicas): the best curve by J so far is
-kept (the starting point included), and a pass that does not raise J is taken back: the next
-one starts again from the best point with half the learning rate and fresh moments. Patience
-stops the search once J has not risen for K generations. A batch's gradient is computed on one
-replica at a time, so any number of replicas takes the same steps.
+the cost of one full gradient (the full-batch version took one step per pass, and on
+lpes-tiny-induction never left the unscaled model: bench/RESULTS.md, issue 33). The pass ends
+with J of the point reached, scored exactly on every example (forward only, spread over the
+replicas): the best curve by J so far is kept (the starting point included), and a pass that
+does not raise J is taken back: the next one starts again from the best point with half the
+learning rate and fresh moments. Patience stops the search once J has not risen for K
+generations. A batch's gradient is computed on one replica at a time, so any number of replicas
+takes the same steps (replicas speed up the scoring, not the steps).
 
 The state (u, Adam's moments, the best) is written to the checkpoint after every generation
 as exact JSON floats; resuming continues the same steps bit for bit. A NaN or infinite
