@@ -57,7 +57,7 @@ def export(work: Path, dtype: str) -> dict:
     import torch
 
     from lpes.exporters.onnx_export import export_onnx
-    from lpes.spec import Spec
+    from lpes.foundation.spec import Spec
 
     torch.set_num_threads(2)
     scales = lpes_scales(SHAPE["num_hidden_layers"])

@@ -38,10 +38,10 @@ from lpes.converter.model_card import write_model_card
 from lpes.converter.modeling_template import MODELING_LPES
 from lpes.converter.portable_files import COPIED_TOKENIZER_FILES, write_config_json, write_tokenizer_files
 from lpes.converter.reference import check_rope_scheme
-from lpes.errors import LpesError
-from lpes.files import write_text_atomic
-from lpes.plots import plot_curve
-from lpes.spec import LINEAR_ROPE, RopeScheme, Spec, dump_spec
+from lpes.foundation.errors import LpesError
+from lpes.foundation.files import write_text_atomic
+from lpes.foundation.plots import plot_curve
+from lpes.foundation.spec import LINEAR_ROPE, RopeScheme, Spec, dump_spec
 
 WEIGHT_SUFFIXES = (".safetensors", ".gguf")  # pickles (.bin, .pt) are never copied: unpickling can run code
 WEIGHT_INDEXES = ("model.safetensors.index.json",)

@@ -22,11 +22,11 @@ import torch
 
 from lpes.converter.architectures import architecture_for
 from lpes.converter.real_models import is_real_model, licence_line, real_model_folder
-from lpes.errors import LpesError
-from lpes.files import read_json_object
+from lpes.foundation.errors import LpesError
+from lpes.foundation.files import read_json_object
 
 if TYPE_CHECKING:
-    from lpes.spec import Spec
+    from lpes.foundation.spec import Spec
 
 BUNDLED_MODELS_DIR = Path(str(files("lpes") / "models"))  # package data of lpes, editable or wheel
 DEFAULT_MODEL = "lpes-tiny-kv"

@@ -56,9 +56,9 @@ import torch
 from lpes.converter import lpes_rope
 from lpes.converter.architectures import ARCHITECTURES, GenaiSupport, architecture_for
 from lpes.converter.loading import resolved_for_model
-from lpes.errors import LpesError
-from lpes.files import write_text_atomic
-from lpes.spec import Spec, dump_spec
+from lpes.foundation.errors import LpesError
+from lpes.foundation.files import write_text_atomic
+from lpes.foundation.spec import Spec, dump_spec
 
 SPEC_FILE = "lpes_spec.json"
 SIDECAR_FILE = "lpes_genai.json"  # precision and provider the package was built for

@@ -26,7 +26,7 @@ import onnx_ir as ir
 import torch
 
 from lpes.converter.lpes_rope import LayerScaledRotary
-from lpes.errors import LpesError
+from lpes.foundation.errors import LpesError
 
 COS_CACHE, SIN_CACHE = "cos_cache", "sin_cache"  # the builder's initializer names
 SCALES_METADATA = "lpes.layer_scales"  # model metadata: the scales baked into the graph

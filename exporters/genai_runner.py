@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from lpes.errors import LpesError
+from lpes.foundation.errors import LpesError
 
 
 class GenaiGreedy:

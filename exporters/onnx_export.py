@@ -44,10 +44,10 @@ import torch
 
 from lpes.converter.loading import DTYPES, check_dtype, load_model, resolved_for_model
 from lpes.converter.reference import apply, check_layout, check_rope_scheme
-from lpes.errors import LpesError
 from lpes.exporters import onnx_io
-from lpes.files import read_json_object, write_text_atomic
-from lpes.spec import Spec, dump_spec
+from lpes.foundation.errors import LpesError
+from lpes.foundation.files import read_json_object, write_text_atomic
+from lpes.foundation.spec import Spec, dump_spec
 
 DEFAULT_OPSET = 18
 MODEL_FILE = "model.onnx"

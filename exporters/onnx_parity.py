@@ -30,7 +30,7 @@ from lpes.converter.loading import load_model, resolved_for_model
 from lpes.converter.reference import apply
 from lpes.exporters.onnx_runner import OrtCausalLM
 from lpes.exporters.runners import left_pad
-from lpes.spec import Spec
+from lpes.foundation.spec import Spec
 
 
 @dataclass(frozen=True)

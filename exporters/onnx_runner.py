@@ -11,11 +11,11 @@ from pathlib import Path
 
 import numpy as np
 
-from lpes.devices import gpu_info
-from lpes.errors import LpesError
 from lpes.exporters import onnx_io
 from lpes.exporters.onnx_export import MODEL_FILE, read_metadata
 from lpes.exporters.runners import KVCacheGreedy, greedy_decode
+from lpes.foundation.devices import gpu_info
+from lpes.foundation.errors import LpesError
 
 CPU, CUDA = "CPUExecutionProvider", "CUDAExecutionProvider"
 _PROVIDER_ALIASES = {"cpu": CPU, "cuda": CUDA, CPU.lower(): CPU, CUDA.lower(): CUDA}

@@ -15,8 +15,8 @@ import re
 from pathlib import Path
 
 from lpes.converter.trust import check_hub_weights, check_lpes_fields, read_folder_json
-from lpes.errors import LpesError
-from lpes.files import read_json_object
+from lpes.foundation.errors import LpesError
+from lpes.foundation.files import read_json_object
 
 GENAI_CONFIG = "genai_config.json"
 ONNX_METADATA = "lpes_onnx.json"

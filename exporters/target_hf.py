@@ -22,7 +22,7 @@ class HubFolder(Target):
 
     def write(self, folder: Path) -> Written:
         from lpes.converter.hf_folder import write_hf_folder
-        from lpes.version import __version__
+        from lpes.foundation.version import __version__
 
         job: ExportJob = self.job
         written = write_hf_folder(job.model_path, job.spec, folder, job.model_name, __version__,

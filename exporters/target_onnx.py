@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lpes.errors import LpesError
 from lpes.exporters.targets import OpenedExport, RunContext, RunnerUnavailable, Target, Written, register, require
+from lpes.foundation.errors import LpesError
 
 # Peak RSS per byte of weights, measured on a 1.1B model (bench/RESULTS.md): 1.13 for the export,
 # 2.0 for the parity check that follows it (reference and onnxruntime session in one process).
@@ -67,7 +67,7 @@ class OnnxExport(Target):
     def _check_memory(self) -> None:
         """Refuse now an export that would run out of memory later (it holds the weights in --dtype)."""
         from lpes.converter.loading import DTYPES, available_memory, parameter_count
-        from lpes.devices import format_bytes
+        from lpes.foundation.devices import format_bytes
 
         share = EXPORT_PEAK_PER_WEIGHT_BYTE if self.job.validate else 1.2
         needed = share * parameter_count(self.job.model_path) * DTYPES[self.job.dtype].itemsize

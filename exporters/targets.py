@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
-from lpes.errors import LpesError
 from lpes.exporters.runners import GreedyRunner
-from lpes.spec import Spec
+from lpes.foundation.errors import LpesError
+from lpes.foundation.spec import Spec
 
 
 class RunnerUnavailable(Exception):

@@ -28,7 +28,6 @@ import sys
 from pathlib import Path
 
 from lpes.converter.loading import DTYPES, check_dtype
-from lpes.errors import ArgumentParser, LpesError
 from lpes.exporters import tensorrt_build
 from lpes.exporters.onnx_export import MODEL_FILE, SPEC_FILE, read_metadata
 from lpes.exporters.tensorrt_build import build_plan, build_serialized_engine
@@ -44,7 +43,9 @@ from lpes.exporters.tensorrt_recipe import (
     trtexec_command,
     write_recipe,
 )
-from lpes.files import write_bytes_atomic, write_text_atomic
+from lpes.foundation.commands import ArgumentParser
+from lpes.foundation.errors import LpesError
+from lpes.foundation.files import write_bytes_atomic, write_text_atomic
 
 FORMAT = "lpes-tensorrt"
 VERSION = 1
@@ -180,7 +181,7 @@ PROG = "python -m lpes.exporters.tensorrt"
 
 def main(argv: list[str] | None = None) -> int:
     """python -m lpes.exporters.tensorrt ONNX_DIR OUT_DIR --dtype D [profile flags]: build on this machine."""
-    from lpes.errors import run_command
+    from lpes.foundation.commands import run_command
 
     return run_command(PROG, _build_here, argv)
 

@@ -17,11 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from lpes.devices import GpuInfo, gpu_info
-from lpes.errors import LpesError
-from lpes.files import write_bytes_atomic
+from lpes.foundation.devices import GpuInfo, gpu_info
+from lpes.foundation.errors import LpesError
+from lpes.foundation.files import write_bytes_atomic
 
-# GpuInfo and gpu_info live in lpes.devices (the one driver probe); named here for the build's callers.
+# GpuInfo and gpu_info live in lpes.foundation.devices (the one driver probe); named here for the build's callers.
 __all__ = ["MIN_TENSORRT", "BuildPlan", "GpuInfo", "build_plan", "build_serialized_engine", "gpu_info",
            "missing_requirements", "tensorrt_major", "tensorrt_version"]
 

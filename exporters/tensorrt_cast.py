@@ -28,8 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from lpes.errors import LpesError
-from lpes.files import save_atomic
+from lpes.foundation.errors import LpesError
+from lpes.foundation.files import save_atomic
 
 FLOAT = 1
 LOW_TYPES = {"float16": 10, "bfloat16": 16}

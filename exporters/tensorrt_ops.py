@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from lpes.errors import LpesError
+from lpes.foundation.errors import LpesError
 
 OPSET_RANGE = (9, 24)
 

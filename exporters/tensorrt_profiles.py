@@ -27,8 +27,8 @@ import argparse
 import math
 from dataclasses import dataclass
 
-from lpes.errors import LpesError
 from lpes.exporters import onnx_io
+from lpes.foundation.errors import LpesError
 
 DEFAULT_MAX_BATCH = 8  # the batch size of lpes-validate's key-value scoring
 # Kernels are tuned at the opt point; one profile serves prefill and decode, so opt sits in

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from lpes.exporters.tensorrt_build import BuildPlan
 from lpes.exporters.tensorrt_profiles import trtexec_shape_flags
-from lpes.files import write_text_atomic
+from lpes.foundation.files import write_text_atomic
 
 ENGINE_FILE = "model.engine"
 SIDECAR_FILE = "model.engine.json"

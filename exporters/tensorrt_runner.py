@@ -17,10 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from lpes.errors import LpesError
 from lpes.exporters import onnx_io
 from lpes.exporters.runners import KVCacheGreedy, greedy_decode
 from lpes.exporters.tensorrt import ENGINE_FILE, read_sidecar
+from lpes.foundation.errors import LpesError
 
 # TensorRT needs a non-null, 256-byte aligned address even for an empty tensor (past length 0).
 _EMPTY_BYTES = 256

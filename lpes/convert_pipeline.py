@@ -27,10 +27,10 @@ from lpes.converter.loading import (
     searched_elsewhere,
 )
 from lpes.converter.reference import check_layout, check_rope_scheme
-from lpes.errors import LpesError
 from lpes.exporters.targets import ExportJob, Target, default_targets, parse_targets, targets_where
-from lpes.outputs import check_output_folder, staged_output
-from lpes.spec import Spec, load_spec
+from lpes.foundation.errors import LpesError
+from lpes.foundation.outputs import check_output_folder, staged_output
+from lpes.foundation.spec import Spec, load_spec
 
 if TYPE_CHECKING:
     from lpes.validation.report import ValidationReport
@@ -140,7 +140,7 @@ def _warn_if_made_for_another_model(spec: Spec, config, model_path: Path, model_
 
 def _with_provenance(spec: Spec, config, model_path: Path, model_name: str) -> Spec:
     """The spec as the output holds it: `model` stays the model it was searched on (this one if it says none)."""
-    from lpes.version import __version__
+    from lpes.foundation.version import __version__
 
     provenance = dict(spec.provenance)
     provenance.setdefault("model", model_fingerprint(config, model_path, model_name))
@@ -154,7 +154,7 @@ def execute(plan: ConvertPlan) -> ConvertResult:
     for note in plan.notes:
         _progress(note)
     result = ConvertResult(plan.out)
-    with staged_output(plan.out, plan.force) as staging:  # lock, staging folder, atomic swap (lpes/outputs.py)
+    with staged_output(plan.out, plan.force) as staging:  # lock, staging folder, atomic swap (foundation/outputs.py)
         run_targets(plan, staging, result)
     if plan.push_to_hub:
         from lpes.converter.hub import push_folder

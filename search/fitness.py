@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from lpes.foundation.spec import LINEAR_ROPE, RopeScheme
 from lpes.search.replicas import Candidate, ReplicaPool, SchemeScales
-from lpes.spec import LINEAR_ROPE, RopeScheme
 
 METHODS = ("teacher-forced", "greedy")
 # A backward pass costs about two forward passes (it computes the gradients of activations and of

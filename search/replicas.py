@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypedDict
 
-from lpes.devices import format_bytes, requested_devices, visible_devices
-from lpes.errors import LpesError
-from lpes.spec import RopeScheme, StockRope
+from lpes.foundation.devices import format_bytes, requested_devices, visible_devices
+from lpes.foundation.errors import LpesError
+from lpes.foundation.spec import RopeScheme, StockRope
 from lpes.validation.examples import Example
 
 
@@ -265,7 +265,7 @@ class Replica:
 
     def _use(self, candidate: Candidate) -> None:
         from lpes.converter.reference import apply, use_stock_rope
-        from lpes.spec import Spec
+        from lpes.foundation.spec import Spec
 
         if candidate == self._candidate:  # racing scores one genome chunk after chunk: swap only when it changes
             return

@@ -17,8 +17,9 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
-from lpes.errors import LpesError
-from lpes.files import write_text_atomic
+from lpes.foundation.errors import LpesError
+from lpes.foundation.files import write_text_atomic
+from lpes.foundation.spec import ROPE_SCHEMES, RopeScheme, SearchTask, Spec, StockRope, dump_spec
 from lpes.search.baselines import (
     BaselineResult,
     describe,
@@ -32,7 +33,6 @@ from lpes.search.genome import ScaleGrid, SearchSpace
 from lpes.search.objective import OBJECTIVES, gold_weights
 from lpes.search.progress import StepProgress, clock
 from lpes.search.replicas import ReplicaPool, check_replica_options, open_pool
-from lpes.spec import ROPE_SCHEMES, RopeScheme, SearchTask, Spec, StockRope, dump_spec
 
 TIES = ("gentle", "first")
 # the papers' genetic algorithm; CMA-ES (search/cma.py); Adam on the curve by autograd (search/gradient.py)
@@ -66,7 +66,7 @@ class SearchOptions:
     holdout: int = 100  # held-out examples for accuracy before/after (the paper held out 500)
     device: str | None = None
     # auto: float32 on a CPU (half-precision matmuls there are slow and inexact), bfloat16 on a GPU
-    # that has it, else float16 (lpes.devices.default_dtype); provenance records the one used.
+    # that has it, else float16 (lpes.foundation.devices.default_dtype); provenance records the one used.
     dtype: str = "auto"
     method: str = "teacher-forced"
     # At equal fitness prefer the gentler curve: on the bundled model +4 points held out, at 2.4x the
@@ -94,7 +94,7 @@ class SearchOptions:
 
 def check_options(options: SearchOptions) -> tuple[ScaleGrid, GASettings]:
     """Fail in a second on bad settings, before any model is loaded."""
-    from lpes.spec import MAX_DEGREE
+    from lpes.foundation.spec import MAX_DEGREE
 
     if options.population is not None:
         _check_range("--population", options.population, 2, MAX_POPULATION)
@@ -169,7 +169,7 @@ def search_loop(plan: _Plan, options: SearchOptions, evaluator: ModelEvaluator, 
 
 def check_answer_tokens(value: int | None) -> None:
     """--answer-tokens, the same for lpes-search, lpes-validate and lpes-convert."""
-    from lpes.spec import MAX_ANSWER_TOKENS
+    from lpes.foundation.spec import MAX_ANSWER_TOKENS
 
     if value is not None:
         _check_range("--answer-tokens", value, 1, MAX_ANSWER_TOKENS)
@@ -190,7 +190,7 @@ def _check_range(flag: str, value: int, low: int, high: int) -> None:
 
 def _check_devices(requested: str | None) -> None:
     """Every device asked for exists on this machine (cuda on a CPU-only machine fails here, not after loading)."""
-    from lpes.devices import check_device
+    from lpes.foundation.devices import check_device
 
     for name in (requested or "").split(","):
         if name.strip():
@@ -199,7 +199,7 @@ def _check_devices(requested: str | None) -> None:
 
 def resolve_dtype(options: SearchOptions) -> str:
     """The dtype the replicas load: --dtype, or for auto what suits the devices they run on."""
-    from lpes.devices import default_dtype, requested_devices
+    from lpes.foundation.devices import default_dtype, requested_devices
 
     if options.dtype != "auto":
         return options.dtype
@@ -213,11 +213,11 @@ def search(model: str, out: str | Path, options: SearchOptions = SearchOptions()
            progress: bool = True) -> Spec:
     """Find the curve for `model`; write the spec to `out` and the plots next to it.
 
-    As lpes-convert: one run per `out` at a time (its lock, lpes/outputs.py, which also owns the
+    As lpes-convert: one run per `out` at a time (its lock, foundation/outputs.py, which also owns the
     checkpoint beside it), and every file it writes is checked before any work: names, a test write,
     free space.
     """
-    from lpes.outputs import check_files_beside, check_output_file, locked_output
+    from lpes.foundation.outputs import check_files_beside, check_output_file, locked_output
 
     check_options(options)
     path = check_output_file(out, force)
@@ -282,11 +282,11 @@ def _plan(model: str, out: Path, options: SearchOptions, force: bool) -> _Plan:
     """Check the options, the model, the scheme and the data; read the examples and the tokenizer."""
     from lpes.converter.loading import load_config, model_label, resolve_model
     from lpes.converter.reference import check_layout, check_rope_scheme
-    from lpes.outputs import check_output_file, check_outside_model
+    from lpes.foundation.outputs import check_output_file, check_outside_model
     from lpes.validation.tasks import check_vocabulary, examples_for, task_config
 
     grid, settings = check_options(options)
-    out = check_output_file(out, force)  # not empty, not a folder, not there without --force (lpes/outputs.py)
+    out = check_output_file(out, force)  # not empty, not a folder, not there without --force (foundation/outputs.py)
     model_path = resolve_model(model)
     check_outside_model(out, model_path)
     config = load_config(model_path)
@@ -458,7 +458,7 @@ def _check_backward_memory(config, lengths: list[int], options: SearchOptions) -
     import torch
 
     from lpes.converter.loading import DTYPES, available_memory
-    from lpes.devices import requested_devices
+    from lpes.foundation.devices import requested_devices
     from lpes.search.gradient import check_backward_fits
 
     if options.ray is not None:  # the actors' machines are not this one
@@ -594,7 +594,7 @@ def _held_out(pool: ReplicaPool, examples, best: Spec) -> dict:
 
 
 def _write_outputs(spec: Spec, state: SearchState, out: Path) -> None:
-    from lpes.plots import plot_curve, plot_fitness
+    from lpes.foundation.plots import plot_curve, plot_fitness
 
     dump_spec(spec, out)
     plot_curve(spec, out.with_name(out.stem + "_curve.png"), title="LPES curve found by lpes-search")

@@ -29,7 +29,7 @@ PACKAGES = {"lpes": "lpes", "converter": "lpes.converter", "exporters": "lpes.ex
 # lpes/ holds both ends: the foundation every stage may use, and the top that may use every stage.
 FOUNDATION = {f"lpes.{name}" for name in
               ("bezier", "devices", "errors", "files", "interrupts", "outputs", "plots", "spec", "version")}
-TOP = {"lpes", "lpes.cli", "lpes.convert_pipeline", "lpes.generate", "lpes.search.cli"}
+TOP = {"lpes", "lpes.cli", "lpes.convert_pipeline", "lpes.generate", "lpes.search_cli"}
 LEVELS = {"lpes.converter": 1, "lpes.exporters": 2, "lpes.validation": 3, "lpes.search": 4}
 TOP_LEVEL = 5
 # What validation and search may import of the exporters: the Target interface and the runner it returns.
@@ -72,7 +72,7 @@ def imports(module: str, path: Path) -> list[tuple[int, str]]:
                 base = ".".join(package[: len(package) - node.level + 1] + ([node.module] if node.module else []))
             if base.split(".")[0] != "lpes":
                 continue
-            for alias in node.names:  # `from lpes import plots` imports the module lpes.plots
+            for alias in node.names:  # `from lpes.foundation import plots` imports the module lpes.foundation.plots
                 name = f"{base}.{alias.name}"
                 found.append((node.lineno, name if name in MODULES else base))
     return found
@@ -164,7 +164,7 @@ class ScalesFile(Target):
         from lpes.converter.loading import load_model
         from lpes.converter.reference import apply
         from lpes.exporters.runners import TorchGreedy
-        from lpes.spec import Spec
+        from lpes.foundation.spec import Spec
 
         written = json.loads((Path(folder) / cls.marker).read_text())
         model = apply(load_model(Path(written["model"])), Spec.from_scales(written["scales"]))
@@ -186,9 +186,9 @@ def made_up_target(tmp_path, monkeypatch):
 
 def test_a_made_up_target_is_converted_validated_plotted_and_reported(made_up_target, tmp_path, monkeypatch,
                                                                       capsys):
-    from lpes import plots
     from lpes.cli import build_parser, convert_main
-    from lpes.spec import Spec, dump_spec
+    from lpes.foundation import plots
+    from lpes.foundation.spec import Spec, dump_spec
 
     drawn = []
     real_save = plots.save_figure

@@ -35,7 +35,7 @@ import torch
 from test_hostile_cli import tree_digest
 
 from lpes.converter.loading import bundled_models
-from lpes.errors import LpesError
+from lpes.foundation.errors import LpesError
 
 CHILD_ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}
 SPEC = {"version": 1, "scales": [1.0, 1.5, 2.0, 1.0]}
@@ -526,8 +526,8 @@ def test_weights_of_every_layout_match_their_model(model_type, overrides, tmp_pa
 
 
 def test_search_checks_free_space_before_any_work(tmp_path, monkeypatch):
-    from lpes import outputs
     from lpes.cli import search_main
+    from lpes.foundation import outputs
 
     real = shutil.disk_usage
     monkeypatch.setattr(outputs.shutil, "disk_usage", lambda p: real(p)._replace(free=1000))
@@ -543,7 +543,7 @@ def test_search_checks_free_space_before_any_work(tmp_path, monkeypatch):
 
 CHILD = r'''
 import os, sys, time, weakref
-from lpes import outputs
+from lpes.foundation import outputs
 from lpes.converter import hf_folder, loading
 from lpes.cli import convert_main
 
@@ -625,7 +625,7 @@ def test_a_killed_runs_staging_folder_is_reported_by_the_next_command(tmp_path, 
     monkeypatch.setenv("LPES_STATE_DIR", str(state))
 
     (tmp_path / "spec.json").write_text(json.dumps(SPEC))
-    code = ("import os, signal, sys\nfrom lpes import outputs\nfrom lpes.cli import convert_main\n"
+    code = ("import os, signal, sys\nfrom lpes.foundation import outputs\nfrom lpes.cli import convert_main\n"
             "outputs._swap_in = lambda staging, out: os.kill(os.getpid(), signal.SIGKILL)\n"
             "sys.exit(convert_main(sys.argv[1:]))\n")
     argv = ["lpes-tiny-kv", "--curve", str(tmp_path / "spec.json"), "--to", "hf", "--no-validate", "--out",
@@ -652,7 +652,7 @@ def test_a_full_disk_names_the_destination(capsys):
     """A copy that fills the disk reports its source as filename and its destination as filename2."""
     import errno
 
-    from lpes.errors import run_command
+    from lpes.foundation.commands import run_command
 
     def main(argv):
         raise OSError(errno.ENOSPC, "No space left on device", "/model/model.safetensors", None,

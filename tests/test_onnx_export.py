@@ -20,8 +20,8 @@ from conftest import EOS_ID, tiny_model_dir
 from lpes.converter.loading import load_model
 from lpes.converter.portable_files import with_legacy_rope
 from lpes.converter.reference import apply
-from lpes.errors import LpesError
-from lpes.spec import RopeScheme, Spec, load_spec
+from lpes.foundation.errors import LpesError
+from lpes.foundation.spec import RopeScheme, Spec, load_spec
 
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")

@@ -14,9 +14,9 @@ import lpes
 from lpes.converter.hf_folder import write_hf_folder
 from lpes.converter.loading import resolve_model
 from lpes.converter.reference import apply
-from lpes.errors import LpesError
 from lpes.exporters import targets
-from lpes.spec import Spec, StockRope
+from lpes.foundation.errors import LpesError
+from lpes.foundation.spec import Spec, StockRope
 from lpes.validation import report, scoring
 from lpes.validation.examples import Example
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from lpes.errors import LpesError
+from lpes.foundation.errors import LpesError
 from lpes.validation import kv_data, tasks, tiny_kv
 
 REAL = Path(__file__).parent / "data" / "kv-retrieval-75_keys.first12.jsonl.gz"

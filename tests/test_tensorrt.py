@@ -25,9 +25,9 @@ import pytest
 import torch
 from conftest import EOS_ID, PAD_ID, tiny_model_dir
 
-from lpes import devices
-from lpes.errors import LpesError
-from lpes.spec import Spec
+from lpes.foundation import devices
+from lpes.foundation.errors import LpesError
+from lpes.foundation.spec import Spec
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")

@@ -21,8 +21,8 @@ from transformers import AutoTokenizer
 
 from lpes.cli import convert_main, generate_main, search_main, validate_main
 from lpes.converter.loading import resolve_model
-from lpes.errors import LpesError
-from lpes.spec import Spec, StockRope, dump_spec, parse_spec
+from lpes.foundation.errors import LpesError
+from lpes.foundation.spec import Spec, StockRope, dump_spec, parse_spec
 from lpes.validation import report, scoring
 
 torch.set_num_threads(1)

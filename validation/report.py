@@ -40,11 +40,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from lpes.devices import check_device, format_bytes
-from lpes.errors import LpesError
 from lpes.exporters.targets import RunContext, RunnerUnavailable, registry, targets_where
-from lpes.files import write_text_atomic
-from lpes.spec import LINEAR_ROPE, Spec, StockRope, load_spec
+from lpes.foundation.devices import check_device, format_bytes
+from lpes.foundation.errors import LpesError
+from lpes.foundation.files import write_text_atomic
+from lpes.foundation.spec import LINEAR_ROPE, Spec, StockRope, load_spec
 from lpes.validation import checks, scoring
 from lpes.validation.accuracy_plot import plot_accuracy
 from lpes.validation.examples import Example

@@ -39,8 +39,8 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from lpes.devices import format_bytes
-from lpes.errors import LpesError
+from lpes.foundation.devices import format_bytes
+from lpes.foundation.errors import LpesError
 from lpes.validation import kv_data
 from lpes.validation.examples import Example
 

@@ -12,11 +12,11 @@ files: empty, the working directory or a folder holding it, the model folder, in
 holding it, a file, or a folder lpes did not write. `staged_output` (execute time) takes
 the lock, repairs what a killed run left, yields the staging folder and, when the body
 finishes, swaps it in atomically. `check_output_file` is the same idea for a single file
-(lpes-search's spec), whose write is atomic by itself (lpes.files.write_text_atomic);
+(lpes-search's spec), whose write is atomic by itself (lpes.foundation.files.write_text_atomic);
 `locked_output` gives such a file its lock. A name beside OUT that holds something lpes did
 not make (a planted symbolic link) is refused, never followed. Staging folders are recorded
 in the user's state folder while they exist, so that every later command reports one a
-killed run left (`report_stale_staging`), with its size and how to remove it.
+killed run left (`report_stale_staging`, foundation/stale_staging.py), with its size and how to remove it.
 """
 
 from __future__ import annotations
@@ -26,10 +26,8 @@ import ctypes.util
 import errno
 import fcntl
 import glob
-import hashlib
 import json
 import os
-import shlex
 import shutil
 import stat
 import sys
@@ -38,10 +36,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from lpes.devices import format_bytes
-from lpes.errors import LpesError
-from lpes.files import fsync_path
-from lpes.interrupts import check_interrupted, shielded
+from lpes.foundation.devices import format_bytes
+from lpes.foundation.errors import LpesError
+from lpes.foundation.files import fsync_path
+from lpes.foundation.interrupts import check_interrupted, shielded
+from lpes.foundation.stale_staging import register_staging, unregister_staging
 
 MARKER = ".lpes-output"
 MARKER_FORMAT = "lpes-output"
@@ -82,7 +81,7 @@ def check_output_file(out: str | os.PathLike, force: bool) -> Path:
 
 # A test write at plan time: what a full disk or a file size limit refuses shows before any work.
 PROBE_BYTES = 256 * 1024
-_TEMP_EXTRA = len("..") + 8 + len(".tmp")  # lpes.files.save_atomic's temporary name: .NAME.XXXXXXXX.tmpSUFFIX
+_TEMP_EXTRA = len("..") + 8 + len(".tmp")  # files.save_atomic's temporary name: .NAME.XXXXXXXX.tmpSUFFIX
 
 
 def check_files_beside(out: Path, names: list[str], need_bytes: int) -> None:
@@ -222,7 +221,7 @@ def staged_output(out: Path, force: bool) -> Iterator[Path]:
         _check_replaceable(out, force)  # again, under the lock: another run may have written `out` since plan
         staging = _sibling(out, f"{STAGING_INFIX}{os.getpid()}")
         staging.mkdir()
-        _register_staging(staging)
+        register_staging(staging)
         try:
             _write_marker(staging)
             yield staging
@@ -231,9 +230,9 @@ def staged_output(out: Path, force: bool) -> Iterator[Path]:
         except BaseException:
             with shielded():  # a second Ctrl-C must not leave half a staging folder behind
                 shutil.rmtree(staging, ignore_errors=True)
-                _unregister_staging(staging)
+                unregister_staging(staging)
             raise
-        _unregister_staging(staging)
+        unregister_staging(staging)
 
 
 @contextmanager
@@ -314,7 +313,7 @@ def _remove_stale_staging(out: Path) -> None:
         if stale.is_symlink() or not stale.is_dir():
             raise LpesError(f"{stale} is not a staging folder lpes made; remove it yourself")
         shutil.rmtree(stale, ignore_errors=True)
-        _unregister_staging(stale)
+        unregister_staging(stale)
         _say(f"removed {stale.name}, left by an interrupted run")
 
 
@@ -324,7 +323,7 @@ def _staging_folders(out: Path) -> list[Path]:
 
 
 def _write_marker(staging: Path) -> None:
-    from lpes.version import __version__
+    from lpes.foundation.version import __version__
 
     # No paths of this machine: the folder may be published as it is.
     text = json.dumps({"format": MARKER_FORMAT, "written_by": f"lpes {__version__}"}) + "\n"
@@ -378,91 +377,3 @@ def _fsync_dir(folder: Path) -> None:
 
 def _say(message: str) -> None:
     print(f"lpes: {message}", file=sys.stderr, flush=True)
-
-
-# ---- staging folders of killed runs, reported by every later command ----
-#
-# A SIGKILL (or a power cut) leaves `.OUT.lpes-partial-PID`, gigabytes for a 7B export, hidden
-# beside OUT until a later run writes the same OUT. Each staging folder is therefore recorded in
-# the user's state folder while it exists; every lpes command starts by reporting the recorded
-# ones whose process is gone, with their size and the command that removes them.
-
-
-def state_dir() -> Path:
-    """Where lpes records its staging folders: $LPES_STATE_DIR, else $XDG_STATE_HOME/lpes, else ~/.local/state/lpes."""
-    if os.environ.get("LPES_STATE_DIR"):
-        return Path(os.environ["LPES_STATE_DIR"])
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(base) / "lpes"
-
-
-def _record(staging: Path) -> Path:
-    key = hashlib.sha256(os.fsencode(os.path.abspath(staging))).hexdigest()[:24]
-    return state_dir() / "staging" / f"{key}.json"
-
-
-def _register_staging(staging: Path) -> None:
-    try:
-        record = _record(staging)
-        record.parent.mkdir(parents=True, exist_ok=True)
-        record.write_text(json.dumps({"path": os.path.abspath(staging), "pid": os.getpid()}))
-    except OSError:  # no writable home: the staging folder is still removed by the next run on OUT
-        pass
-
-
-def _unregister_staging(staging: Path) -> None:
-    try:
-        _record(staging).unlink(missing_ok=True)
-    except OSError:
-        pass
-
-
-def report_stale_staging(prog: str) -> list[Path]:
-    """Say, one line each, which recorded staging folders a killed run left (its process gone); forget the
-    records of folders that no longer exist. Returns the stale folders."""
-    try:
-        records = sorted((state_dir() / "staging").glob("*.json"))
-    except OSError:
-        return []
-    stale = []
-    for record in records[:100]:
-        try:
-            data = json.loads(record.read_text())
-            path, pid = Path(data["path"]), int(data["pid"])
-        except (OSError, ValueError, KeyError, TypeError, RecursionError):
-            continue
-        if _alive(pid):
-            continue
-        if not path.is_dir() or path.is_symlink():
-            _unregister_staging(path)
-            continue
-        stale.append(path)
-        print(f"{prog}: note: {path} ({format_bytes(_size(path))}) was left by an interrupted lpes run (pid {pid}); "
-              f"remove it with: rm -rf {shlex.quote(str(path))} (a run writing the same --out also removes it)",
-              file=sys.stderr, flush=True)
-    return stale
-
-
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    except (OverflowError, ValueError):
-        return False
-    return True
-
-
-def _size(folder: Path) -> int:
-    total = 0
-    for root, _, names in os.walk(folder):
-        for name in names:
-            try:
-                total += os.lstat(os.path.join(root, name)).st_blocks * 512
-            except OSError:
-                pass
-    return total

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from lpes.errors import ArgumentParser
+from lpes.foundation.commands import ArgumentParser
+from lpes.foundation.spec import MAX_DEGREE
 from lpes.search.genome import MAX_GRID_VALUES
 from lpes.search.run import (
     DTYPE_CHOICES,
@@ -17,7 +18,6 @@ from lpes.search.run import (
     SearchOptions,
     search,
 )
-from lpes.spec import MAX_DEGREE
 from lpes.validation.tasks import DATA_FLAG, DATA_HELP
 
 DEFAULTS = SearchOptions()

@@ -67,9 +67,9 @@ from typing import Any
 
 import numpy as np
 
-from lpes import bezier
-from lpes.errors import LpesError
-from lpes.files import write_bytes_atomic
+from lpes.foundation import bezier
+from lpes.foundation.errors import LpesError
+from lpes.foundation.files import write_bytes_atomic
 
 __all__ = ["Curve", "SearchTask", "Spec", "StockRope", "dump_spec", "load_spec", "parse_spec"]
 

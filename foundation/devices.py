@@ -13,7 +13,7 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 
-from lpes.errors import LpesError
+from lpes.foundation.errors import LpesError
 
 # CUdevice_attribute values of cuda.h (CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR / _MINOR).
 _COMPUTE_CAPABILITY_MAJOR, _COMPUTE_CAPABILITY_MINOR = 75, 76

@@ -5,7 +5,7 @@ Layer h sits at x_h = P_0.x + (P_d.x - P_0.x) / (L - 1) * h (Eq. 6); its scale i
 B_y(t_h) where B_x(t_h) = x_h (Eq. 5). With non-decreasing control-point x, B_x is
 non-decreasing in t, so bisection finds t_h.
 
-The functions assume what lpes.spec checks on load: 2 to MAX_DEGREE + 1 control points,
+The functions assume what lpes.foundation.spec checks on load: 2 to MAX_DEGREE + 1 control points,
 finite, x non-decreasing with P_d.x > P_0.x (equal end x would put every layer at t = 0).
 """
 

@@ -19,8 +19,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from lpes.errors import LpesError
-from lpes.interrupts import check_interrupted
+from lpes.foundation.errors import LpesError
+from lpes.foundation.interrupts import check_interrupted
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes | bytearray | memoryview) -> None:
@@ -51,7 +51,7 @@ def save_atomic(path: str | os.PathLike, save: Callable[[Path], object]) -> Path
         save(tmp)
         fsync_path(tmp)  # without it a crash soon after the rename can leave an empty file under the final name
         os.chmod(tmp, 0o666 & ~current_umask())
-        check_interrupted()  # a SIGINT/SIGTERM Python dropped: nothing is renamed into place (lpes/interrupts.py)
+        check_interrupted()  # a SIGINT/SIGTERM Python dropped: nothing is renamed into place (foundation/interrupts.py)
         os.replace(tmp, path)
     except OSError as err:
         raise LpesError(f"cannot write {path}: {_reason(err)}") from None

@@ -7,11 +7,11 @@ An exception raised there inside a weakref callback, a `__del__` or a finalizer 
 - the handler records the signal first, and raises KeyboardInterrupt only where Python
   would not drop it (not inside such a callback);
 - `check_interrupted()` raises it at every step boundary: before any file is renamed into
-  place (lpes.files.save_atomic), before an output folder is swapped in (lpes.outputs), and
+  place (lpes.foundation.files.save_atomic), before an output folder is swapped in (lpes.foundation.outputs), and
   when a command returns. A signal that arrived anywhere is therefore never lost;
 - a KeyboardInterrupt that Python reports as unraisable is not printed (it is recorded).
 
-`handling_interrupts()` installs this for the duration of a command (lpes.errors.run_command);
+`handling_interrupts()` installs this for the duration of a command (lpes.foundation.commands.run_command);
 `shielded()` holds both signals back while a cleanup runs (they are delivered after it).
 """
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from lpes.files import save_atomic
-from lpes.spec import Spec, StockRope
+from lpes.foundation.files import save_atomic
+from lpes.foundation.spec import Spec, StockRope
 
 _MAX_LABELLED_TICKS = 16  # beyond this many layers, label every k-th (a round step) so the numbers stay legible
 _TICK_STEPS = (1, 2, 4, 5, 8, 10, 16, 20, 25, 32, 50, 64, 100, 128, 250, 256, 500, 512, 1000, 1024)
@@ -66,7 +66,7 @@ def plot_curve(spec: Spec, path: Path, title: str = "LPES: the RoPE scale of eac
         _draw_control_points(ax, spec.curve.control_points)
         import numpy as np
 
-        from lpes.bezier import bernstein
+        from lpes.foundation.bezier import bernstein
 
         curve = bernstein(np.asarray(spec.curve.control_points), np.linspace(0.0, 1.0, 200))
         ax.plot(curve[:, 0], curve[:, 1], "-", color="C0", linewidth=1.2, alpha=0.7, label="Bezier curve B(t)")
