@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from lpes.exporters.onnx_runner import OrtCausalLM
+from lpes.exporters.onnx.runner import OrtCausalLM
 from lpes.exporters.targets import targets_where
 from lpes.foundation.errors import LpesError
 

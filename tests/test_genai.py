@@ -21,9 +21,9 @@ from onnx import numpy_helper
 pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed (pip install 'lpes[genai]')")
 
 from lpes.converter.reference import apply  # noqa: E402
-from lpes.exporters import genai_rope  # noqa: E402
-from lpes.exporters.genai import check_genai, export_genai  # noqa: E402
-from lpes.exporters.genai_runner import GenaiGreedy  # noqa: E402
+from lpes.exporters.genai import rope as genai_rope  # noqa: E402
+from lpes.exporters.genai.package import check_genai, export_genai  # noqa: E402
+from lpes.exporters.genai.runner import GenaiGreedy  # noqa: E402
 from lpes.foundation.errors import LpesError  # noqa: E402
 from lpes.foundation.spec import Spec, load_spec  # noqa: E402
 

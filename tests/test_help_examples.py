@@ -228,7 +228,7 @@ def test_tensorrt_without_a_gpu_does_what_readme_and_help_say(tmp_path, monkeypa
     from conftest import tiny_model_dir
 
     from lpes.cli import convert_main
-    from lpes.exporters import tensorrt_build
+    from lpes.exporters.tensorrt import build as tensorrt_build
     from lpes.foundation.spec import Spec, dump_spec
 
     readme = " ".join(README.read_text().split())

@@ -39,7 +39,7 @@ from lpes.foundation.errors import LpesError
 
 CHILD_ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}
 SPEC = {"version": 1, "scales": [1.0, 1.5, 2.0, 1.0]}
-# What lpes's genai export writes (exporters/genai.py through onnxruntime-genai's builder), for a 4-layer model.
+# What lpes's genai export writes (exporters/genai/package.py through onnxruntime-genai's builder), for a 4-layer model.
 GENAI_CONFIG = {
     "model": {
         "bos_token_id": 1, "context_length": 512, "eos_token_id": 2, "pad_token_id": 0, "type": "llama",
@@ -488,7 +488,7 @@ def test_control_the_library_runs_when_genai_opens_the_folder_unchecked(received
     code = f"import onnxruntime_genai as og\ntry:\n    og.Model({str(package)!r})\nexcept Exception:\n    pass\n"
     subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
     assert marker.read_text() == "ran"
-    from lpes.exporters.genai_runner import GenaiGreedy
+    from lpes.exporters.genai.runner import GenaiGreedy
 
     marker.unlink()
     with pytest.raises(LpesError, match="libevil.so is a native library"):

@@ -20,7 +20,7 @@ class GenaiPackage(Target):
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        from lpes.exporters.genai import TARGETS as BUILDS  # execution provider -> precisions
+        from lpes.exporters.genai.package import TARGETS as BUILDS  # execution provider -> precisions
 
         precisions = list(dict.fromkeys(p for ps in BUILDS.values() for p in ps))
         group = parser.add_argument_group("onnxruntime-genai (--to genai)")
@@ -34,20 +34,26 @@ class GenaiPackage(Target):
         return {"precision": args.genai_precision, "execution_provider": args.genai_provider}
 
     def check(self) -> None:
-        from lpes.exporters.genai import check_genai
+        from lpes.exporters.genai.package import check_genai
 
         self.plan = check_genai(self.job.model_path, self.job.spec, config=self.job.config, **self.options)
 
     def write(self, folder: Path) -> Written:
-        from lpes.exporters.genai import write_genai
+        from lpes.exporters.genai.package import write_genai
 
         write_genai(self.plan, folder)
         return Written()
 
     @classmethod
+    def check_received_file(cls, path: Path) -> None:
+        from lpes.exporters.genai.received import check_received_file
+
+        check_received_file(path)
+
+    @classmethod
     def open(cls, folder: Path, run: RunContext) -> OpenedExport:
         require("onnxruntime_genai", "genai")
-        from lpes.exporters.genai_runner import GenaiGreedy
+        from lpes.exporters.genai.runner import GenaiGreedy
 
         return OpenedExport(GenaiGreedy(folder), "onnxruntime-genai", cls.export_dtype(folder, run))
 
@@ -55,7 +61,7 @@ class GenaiPackage(Target):
     def export_dtype(cls, folder: Path, run: RunContext) -> str:
         import json
 
-        from lpes.exporters.genai import SIDECAR_FILE
+        from lpes.exporters.genai.package import SIDECAR_FILE
 
         sidecar = folder / SIDECAR_FILE
         return json.loads(sidecar.read_text()).get("dtype", "float32") if sidecar.is_file() else "float32"

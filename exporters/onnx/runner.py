@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from lpes.exporters import onnx_io
-from lpes.exporters.onnx_export import MODEL_FILE, read_metadata
+from lpes.exporters.onnx import graph_io
+from lpes.exporters.onnx.export import MODEL_FILE, read_metadata
 from lpes.exporters.runners import KVCacheGreedy, greedy_decode
 from lpes.foundation.devices import gpu_info
 from lpes.foundation.errors import LpesError
@@ -72,8 +72,8 @@ class OrtCausalLM(KVCacheGreedy):
         # What actually runs: onnxruntime falls back to CPU when CUDA cannot start.
         self.provider = self.session.get_providers()[0]
         self._device = "cuda" if self.provider == CUDA else "cpu"
-        self._past_names = onnx_io.past_names(self.num_layers)
-        self._present_names = onnx_io.present_names(self.num_layers)
+        self._past_names = graph_io.past_names(self.num_layers)
+        self._present_names = graph_io.present_names(self.num_layers)
 
     # -- one step ---------------------------------------------------------------------------
 
@@ -101,13 +101,13 @@ class OrtCausalLM(KVCacheGreedy):
         import onnxruntime as ort
 
         binding = self.session.io_binding()
-        for name, array in ((onnx_io.INPUT_IDS, input_ids), (onnx_io.ATTENTION_MASK, attention_mask),
-                            (onnx_io.POSITION_IDS, position_ids)):
+        for name, array in ((graph_io.INPUT_IDS, input_ids), (graph_io.ATTENTION_MASK, attention_mask),
+                            (graph_io.POSITION_IDS, position_ids)):
             value = np.ascontiguousarray(array, dtype=np.int64)
             binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(value))
         for name, value in zip(self._past_names, past):
             binding.bind_ortvalue_input(name, value)
-        binding.bind_output(onnx_io.LOGITS, "cpu")
+        binding.bind_output(graph_io.LOGITS, "cpu")
         for name in self._present_names:
             binding.bind_output(name, cache_device or self._device)
         self.session.run_with_iobinding(binding)

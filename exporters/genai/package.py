@@ -2,7 +2,7 @@
 
 onnxruntime-genai's model builder writes an optimised graph whose attention nodes
 take the RoPE `cos_cache`/`sin_cache` as plain inputs. lpes keeps that graph and
-gives each layer the caches of its own scale (`genai_rope`), so the package runs
+gives each layer the caches of its own scale (`rope.py`), so the package runs
 in the stock runtime with stock kernels.
 
 In order:
@@ -287,7 +287,7 @@ def _model_view(plan: GenaiPlan, folder: Path) -> Path:
 def _write_scaled_package(plan: GenaiPlan, package: Path, out_dir: Path) -> None:
     import onnx_ir as ir
 
-    from lpes.exporters import genai_rope  # onnx_ir takes seconds to import: only when building
+    from lpes.exporters.genai import rope as genai_rope  # onnx_ir takes seconds to import: only when building
 
     filename = json.loads((package / GENAI_CONFIG).read_text())["model"]["decoder"]["filename"]
     model = ir.load(package / filename)

@@ -2,7 +2,7 @@
 
 A TensorRT engine built from a graph with dynamic dimensions runs only the shapes its
 profile allows, and tunes its kernels for the profile's `opt` point. The lpes ONNX graph
-has four dynamic dimensions, named in the graph itself (see `onnx_io`):
+has four dynamic dimensions, named in the graph itself (see `graph_io`):
 
     batch                   rows per call                       min 1, opt 1, max --max-batch (8)
     sequence_length         new tokens per call                 min 1 (a decode step), max --max-sequence
@@ -27,7 +27,7 @@ import argparse
 import math
 from dataclasses import dataclass
 
-from lpes.exporters import onnx_io
+from lpes.exporters.onnx import graph_io
 from lpes.foundation.errors import LpesError
 
 DEFAULT_MAX_BATCH = 8  # the batch size of lpes-validate's key-value scoring
@@ -41,10 +41,10 @@ DEFAULT_TOTAL_CAP = 32768
 _FIELDS = ("batch", "sequence", "past", "total")
 # Graph dimension names (as the ONNX exporter writes them) -> Profile field.
 DIMENSIONS = {
-    onnx_io.BATCH: "batch",
-    onnx_io.SEQUENCE: "sequence",
-    onnx_io.PAST_SEQUENCE: "past",
-    onnx_io.TOTAL_SEQUENCE: "total",
+    graph_io.BATCH: "batch",
+    graph_io.SEQUENCE: "sequence",
+    graph_io.PAST_SEQUENCE: "past",
+    graph_io.TOTAL_SEQUENCE: "total",
 }
 
 

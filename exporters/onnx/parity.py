@@ -28,7 +28,7 @@ import torch
 
 from lpes.converter.loading import load_model, resolved_for_model
 from lpes.converter.reference import apply
-from lpes.exporters.onnx_runner import OrtCausalLM
+from lpes.exporters.onnx.runner import OrtCausalLM
 from lpes.exporters.runners import left_pad
 from lpes.foundation.spec import Spec
 

@@ -30,19 +30,19 @@ class TensorrtEngine(Target):
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        from lpes.exporters.tensorrt_profiles import add_profile_arguments
+        from lpes.exporters.tensorrt.profiles import add_profile_arguments
 
         add_profile_arguments(parser)
 
     @classmethod
     def options_from(cls, args: argparse.Namespace) -> dict[str, Any]:
-        from lpes.exporters.tensorrt_profiles import profile_overrides
+        from lpes.exporters.tensorrt.profiles import profile_overrides
 
         return profile_overrides(args)
 
     def check(self) -> None:
-        from lpes.exporters.tensorrt_build import missing_requirements
-        from lpes.exporters.tensorrt_profiles import default_profile
+        from lpes.exporters.tensorrt.build import missing_requirements
+        from lpes.exporters.tensorrt.profiles import default_profile
 
         self.profile = default_profile(
             self.job.config.max_position_embeddings, max_scale=max(self.job.spec.scales), **self.options)
@@ -61,11 +61,17 @@ class TensorrtEngine(Target):
 
     def write(self, folder: Path) -> Written:
         from lpes.exporters.targets import registry
-        from lpes.exporters.tensorrt import build_engine_or_explain
+        from lpes.exporters.tensorrt.engine import build_engine_or_explain
 
         onnx_dir = folder.parent / registry()[self.needs[0]].folder  # the ONNX export it builds from
         note = build_engine_or_explain(onnx_dir, folder, self.job.dtype, profile=self.profile)
         return Written(unbuilt=[note] if note else [])
+
+    @classmethod
+    def check_received_file(cls, path: Path) -> None:
+        from lpes.exporters.tensorrt.received import check_received_file
+
+        check_received_file(path)
 
     @classmethod
     def open(cls, folder: Path, run: RunContext) -> OpenedExport:
@@ -74,13 +80,13 @@ class TensorrtEngine(Target):
 
         if not torch.cuda.is_available():  # engines run on the GPU they were built for
             raise RunnerUnavailable("a TensorRT engine needs an NVIDIA GPU and a CUDA build of torch")
-        from lpes.exporters.tensorrt_runner import TrtCausalLM
+        from lpes.exporters.tensorrt.runner import TrtCausalLM
 
         runner = TrtCausalLM(folder)
         return OpenedExport(runner, type(runner).__name__, runner.dtype)
 
     @classmethod
     def export_dtype(cls, folder: Path, run: RunContext) -> str:
-        from lpes.exporters.tensorrt import read_sidecar
+        from lpes.exporters.tensorrt.engine import read_sidecar
 
         return (read_sidecar(folder) or {}).get("dtype", "float32")

@@ -6,7 +6,7 @@ In order:
    loading a single weight.
 2. Load the model, patch it with the reference (`converter.reference.apply`), so the
    exported graph is the reference by construction, and wrap it so the KV cache goes
-   in and out as flat tensors (`onnx_io.FlatKVCausalLM`).
+   in and out as flat tensors (`graph_io.FlatKVCausalLM`).
 3. `torch.onnx.export(dynamo=True)` traces it with dynamic batch, sequence and past
    length. A layer's frequencies (`inv_freq / s`, or YaRN's at factor s) depend on no
    input, so the ONNX optimizer folds them into one constant per distinct scale; those
@@ -44,7 +44,7 @@ import torch
 
 from lpes.converter.loading import DTYPES, check_dtype, load_model, resolved_for_model
 from lpes.converter.reference import apply, check_layout, check_rope_scheme
-from lpes.exporters import onnx_io
+from lpes.exporters.onnx import graph_io
 from lpes.foundation.errors import LpesError
 from lpes.foundation.files import read_json_object, write_text_atomic
 from lpes.foundation.spec import Spec, dump_spec
@@ -76,7 +76,7 @@ def export_onnx(
 
     model = load_model(model_path, dtype, for_export=True)
     apply(model, spec)
-    shape = onnx_io.CacheShape.from_config(model.config)
+    shape = graph_io.CacheShape.from_config(model.config)
     program = _trace(model, shape, DTYPES[dtype], opset)
     constants = _name_scaled_inv_freq(program.model, model, spec)
     strip_exporter_provenance(program.model)
@@ -115,7 +115,7 @@ def _rope_types(rope_parameters: dict) -> list[str]:
     return [p.get("rope_type", "default") for p in rope_parameters.values() if isinstance(p, dict)]
 
 
-def _example_inputs(shape: onnx_io.CacheShape, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+def _example_inputs(shape: graph_io.CacheShape, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
     # Distinct sizes >= 2 so that the tracer keeps every dimension symbolic and unrelated.
     batch, seq, past = 3, 5, 7
     input_ids = torch.ones(batch, seq, dtype=torch.long)
@@ -128,10 +128,10 @@ def _example_inputs(shape: onnx_io.CacheShape, dtype: torch.dtype) -> tuple[torc
 
 def _dynamic_shapes(num_layers: int) -> dict:
     dim = torch.export.Dim
-    batch, seq, past = dim(onnx_io.BATCH), dim(onnx_io.SEQUENCE), dim(onnx_io.PAST_SEQUENCE)
+    batch, seq, past = dim(graph_io.BATCH), dim(graph_io.SEQUENCE), dim(graph_io.PAST_SEQUENCE)
     # total = past + seq; torch.export cannot name a sum of two dims, so it is a dim of its own whose
     # minimum is the one implied by past >= 2 and seq >= 2 (ranges are not part of the ONNX graph).
-    total = dim(onnx_io.TOTAL_SEQUENCE, min=4)
+    total = dim(graph_io.TOTAL_SEQUENCE, min=4)
     return {
         "input_ids": {0: batch, 1: seq},
         "attention_mask": {0: batch, 1: total},
@@ -140,16 +140,16 @@ def _dynamic_shapes(num_layers: int) -> dict:
     }
 
 
-def _trace(model, shape: onnx_io.CacheShape, dtype: torch.dtype, opset: int):
-    wrapper = onnx_io.FlatKVCausalLM(model, shape.num_layers).eval()
+def _trace(model, shape: graph_io.CacheShape, dtype: torch.dtype, opset: int):
+    wrapper = graph_io.FlatKVCausalLM(model, shape.num_layers).eval()
     with torch.no_grad(), warnings.catch_warnings(), _quiet_exporter():
         warnings.simplefilter("ignore")
         return torch.onnx.export(
             wrapper,
             _example_inputs(shape, dtype),
             dynamo=True,
-            input_names=onnx_io.input_names(shape.num_layers),
-            output_names=onnx_io.output_names(shape.num_layers),
+            input_names=graph_io.input_names(shape.num_layers),
+            output_names=graph_io.output_names(shape.num_layers),
             dynamic_shapes=_dynamic_shapes(shape.num_layers),
             opset_version=opset,
             optimize=True,
@@ -381,7 +381,7 @@ def _copy_model_files(model_path: Path, model, out_dir: Path) -> None:
     write_tokenizer_files(model_path, out_dir)
 
 
-def _metadata(shape: onnx_io.CacheShape, dtype: str, opset: int, spec: Spec, constants: dict, rewrites: dict) -> dict:
+def _metadata(shape: graph_io.CacheShape, dtype: str, opset: int, spec: Spec, constants: dict, rewrites: dict) -> dict:
     import onnx
     import transformers
 
@@ -392,8 +392,8 @@ def _metadata(shape: onnx_io.CacheShape, dtype: str, opset: int, spec: Spec, con
         "exporter": f"torch.onnx.export(dynamo=True) torch {torch.__version__}",
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "onnx": onnx.__version__},
         "dtype": dtype,
-        "inputs": onnx_io.input_names(shape.num_layers),
-        "outputs": onnx_io.output_names(shape.num_layers),
+        "inputs": graph_io.input_names(shape.num_layers),
+        "outputs": graph_io.output_names(shape.num_layers),
         **shape.to_json(),
         "scales": list(spec.scales),
         "rope": spec.rope.for_lpes_rope(),  # how each layer applies its scale (lpes_rope.py)

@@ -8,13 +8,13 @@ recipe to rebuild it (`trtexec.sh`), and the engine only where this machine can 
 In order:
 
 1. CPU checks, before anything needs a GPU: the folder is an lpes ONNX export; every
-   operator and data type is one TensorRT's ONNX parser reads (`tensorrt_ops`); the
-   optimization profile fits the model's positions (`tensorrt_profiles`).
+   operator and data type is one TensorRT's ONNX parser reads (`ops.py`); the
+   optimization profile fits the model's positions (`profiles.py`).
 2. The graph TensorRT gets: the export itself when its dtype is the one asked for, else a
-   float16/bfloat16 copy of the float32 export (`tensorrt_cast`), written here.
-3. `trtexec.sh` and `README.md` (`tensorrt_recipe`): the equivalent trtexec command line
+   float16/bfloat16 copy of the float32 export (`cast.py`), written here.
+3. `trtexec.sh` and `README.md` (`recipe.py`): the equivalent trtexec command line
    (every input's min/opt/max shape, the timing cache, strong typing).
-4. Where the machine has TensorRT >= 10 and an NVIDIA GPU: build (`tensorrt_build`) and
+4. Where the machine has TensorRT >= 10 and an NVIDIA GPU: build (`build.py`) and
    write `model.engine`, `timing.cache` and the sidecar `model.engine.json` (TensorRT
    version, GPU and compute capability, profile, I/O names, the spec). Elsewhere: no engine,
    and a one-line note of exactly what is missing (lpes-convert prints it and exits 2).
@@ -28,12 +28,12 @@ import sys
 from pathlib import Path
 
 from lpes.converter.loading import DTYPES, check_dtype
-from lpes.exporters import tensorrt_build
-from lpes.exporters.onnx_export import MODEL_FILE, SPEC_FILE, read_metadata
-from lpes.exporters.tensorrt_build import build_plan, build_serialized_engine
-from lpes.exporters.tensorrt_ops import check_tensorrt_support
-from lpes.exporters.tensorrt_profiles import Profile, default_profile, input_shapes
-from lpes.exporters.tensorrt_recipe import (
+from lpes.exporters.onnx.export import MODEL_FILE, SPEC_FILE, read_metadata
+from lpes.exporters.tensorrt import build as tensorrt_build
+from lpes.exporters.tensorrt.build import build_plan, build_serialized_engine
+from lpes.exporters.tensorrt.ops import check_tensorrt_support
+from lpes.exporters.tensorrt.profiles import Profile, default_profile, input_shapes
+from lpes.exporters.tensorrt.recipe import (
     ENGINE_FILE,
     README_FILE,
     SIDECAR_FILE,
@@ -120,7 +120,7 @@ def engine_onnx(onnx_dir: Path, export_dtype: str, wanted: str, out_dir: Path) -
             f"the ONNX export in {onnx_dir} is {export_dtype}; a {wanted} engine needs a {wanted} "
             "or a float32 export to cast from"
         )
-    from lpes.exporters.tensorrt_cast import write_cast_onnx
+    from lpes.exporters.tensorrt.cast import write_cast_onnx
 
     cast = write_cast_onnx(Path(onnx_dir) / MODEL_FILE, Path(out_dir) / f"model.{wanted}.onnx", wanted)
     check_tensorrt_support(cast)
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _build_here(argv: list[str] | None) -> int:
-    from lpes.exporters.tensorrt_profiles import add_profile_arguments, profile_from_args
+    from lpes.exporters.tensorrt.profiles import add_profile_arguments, profile_from_args
 
     parser = ArgumentParser(prog=PROG, description=main.__doc__)
     parser.add_argument("onnx_dir", type=Path)
@@ -204,6 +204,3 @@ def _build_here(argv: list[str] | None) -> int:
     print(f"wrote {args.out_dir / ENGINE_FILE}")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

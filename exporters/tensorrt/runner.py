@@ -3,7 +3,7 @@
 Experimental: never run here (no machine of this project can install TensorRT). The same
 interface as `onnx_runner.OrtCausalLM` (`greedy`, `greedy_with_logits`, `forward`, `provider`),
 so the key-value validation (`lpes-validate`) runs on an engine unchanged; the logit parity
-check (`exporters/onnx_parity.py`) runs on the ONNX export in onnxruntime only.
+check (`exporters/onnx/parity.py`) runs on the ONNX export in onnxruntime only.
 
 Buffers are torch CUDA tensors: TensorRT reads and writes device memory by address, and
 torch is already a dependency, so no second CUDA binding is needed. Each step's `present`
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from lpes.exporters import onnx_io
+from lpes.exporters.onnx import graph_io
 from lpes.exporters.runners import KVCacheGreedy, greedy_decode
-from lpes.exporters.tensorrt import ENGINE_FILE, read_sidecar
+from lpes.exporters.tensorrt.engine import ENGINE_FILE, read_sidecar
 from lpes.foundation.errors import LpesError
 
 # TensorRT needs a non-null, 256-byte aligned address even for an empty tensor (past length 0).
@@ -70,12 +70,12 @@ class TrtCausalLM(KVCacheGreedy):
         self.num_layers = sum(1 for n in self.inputs if n.startswith("past_key_values.") and n.endswith(".key"))
         if self.num_layers == 0:
             raise LpesError(f"{self.engine_dir / ENGINE_FILE} has no past_key_values inputs: no KV cache to run")
-        first_past = onnx_io.past_names(self.num_layers)[0]
+        first_past = graph_io.past_names(self.num_layers)[0]
         cache_shape = tuple(engine.get_tensor_shape(first_past))  # [batch, kv_heads, past, head_dim]
         self.num_kv_heads, self.head_dim = cache_shape[1], cache_shape[3]
         self.dtype = (self.sidecar or {}).get("dtype") or str(self._dtypes[first_past]).removeprefix("torch.")
-        self.max_batch = self._profile_max(onnx_io.INPUT_IDS, 0)
-        self.max_total = self._profile_max(onnx_io.ATTENTION_MASK, 1)
+        self.max_batch = self._profile_max(graph_io.INPUT_IDS, 0)
+        self.max_total = self._profile_max(graph_io.ATTENTION_MASK, 1)
 
     def _check_built_here(self, version: str, capability: tuple[int, int]) -> None:
         # An engine from another TensorRT version or GPU architecture does not load (or worse).
@@ -124,10 +124,10 @@ class TrtCausalLM(KVCacheGreedy):
 
     @property
     def _past_names(self) -> list[str]:
-        return onnx_io.past_names(self.num_layers)
+        return graph_io.past_names(self.num_layers)
 
     def _device_ids(self, input_ids, attention_mask, position_ids) -> list:
-        names = (onnx_io.INPUT_IDS, onnx_io.ATTENTION_MASK, onnx_io.POSITION_IDS)
+        names = (graph_io.INPUT_IDS, graph_io.ATTENTION_MASK, graph_io.POSITION_IDS)
         arrays = (input_ids, attention_mask, position_ids)
         return [
             self._torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(self.device, self._dtypes[n])
@@ -137,7 +137,7 @@ class TrtCausalLM(KVCacheGreedy):
     def _run(self, ids: list, flat_past: list) -> list:
         """Set shapes and addresses, run on torch's current stream; returns [logits, *present] on the GPU."""
         torch = self._torch
-        feeds = dict(zip((onnx_io.INPUT_IDS, onnx_io.ATTENTION_MASK, onnx_io.POSITION_IDS), ids))
+        feeds = dict(zip((graph_io.INPUT_IDS, graph_io.ATTENTION_MASK, graph_io.POSITION_IDS), ids))
         feeds.update(zip(self._past_names, flat_past))
         with torch.cuda.device(self.device):
             for name in self.inputs:
@@ -155,7 +155,7 @@ class TrtCausalLM(KVCacheGreedy):
             if not self.context.execute_async_v3(torch.cuda.current_stream(self.device).cuda_stream):
                 raise LpesError("TensorRT failed to run the engine (see its log above)")
         by_name = dict(zip(self.outputs, outputs))
-        return [by_name[onnx_io.LOGITS], *(by_name[n] for n in onnx_io.present_names(self.num_layers))]
+        return [by_name[graph_io.LOGITS], *(by_name[n] for n in graph_io.present_names(self.num_layers))]
 
     def _address(self, tensor) -> int:
         return tensor.data_ptr() if tensor.numel() else self._empty.data_ptr()

@@ -11,8 +11,8 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from lpes.exporters.tensorrt_build import BuildPlan
-from lpes.exporters.tensorrt_profiles import trtexec_shape_flags
+from lpes.exporters.tensorrt.build import BuildPlan
+from lpes.exporters.tensorrt.profiles import trtexec_shape_flags
 from lpes.foundation.files import write_text_atomic
 
 ENGINE_FILE = "model.engine"
@@ -87,7 +87,7 @@ and the tensorrt Python package installed, which also writes the sidecar `{SIDEC
 
 Then generate with the engine and its KV cache:
 
-    from lpes.exporters.tensorrt_runner import TrtCausalLM
+    from lpes.exporters.tensorrt.runner import TrtCausalLM
     TrtCausalLM(".").greedy([[1, 2, 3]], max_new_tokens=16)
 """
 

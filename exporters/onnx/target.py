@@ -24,31 +24,37 @@ class OnnxExport(Target):
     generates = True
 
     def check(self) -> None:
-        from lpes.exporters.onnx_export import check_exportable
+        from lpes.exporters.onnx.export import check_exportable
 
         check_exportable(self.job.config, self.job.spec, self.job.dtype)
         self._check_memory()
         if self.job.validate:
-            from lpes.exporters.onnx_runner import check_dtype_supported
+            from lpes.exporters.onnx.runner import check_dtype_supported
 
             check_dtype_supported(self.job.dtype)
 
     def write(self, folder: Path) -> Written:
-        from lpes.exporters.onnx_export import export_onnx
+        from lpes.exporters.onnx.export import export_onnx
 
         job = self.job
         export_onnx(job.model_path, job.spec, folder, dtype=job.dtype, config=job.config)
         if not job.validate:
             return Written()
-        from lpes.exporters.onnx_parity import check_parity
+        from lpes.exporters.onnx.parity import check_parity
 
         report = check_parity(job.model_path, job.spec, folder, job.dtype, config=job.config)
         return Written([report.format()], passed=report.passed)
 
     @classmethod
+    def check_received_file(cls, path: Path) -> None:
+        from lpes.exporters.onnx.received import check_received_file
+
+        check_received_file(path)
+
+    @classmethod
     def open(cls, folder: Path, run: RunContext) -> OpenedExport:
         require("onnxruntime", "onnx")
-        from lpes.exporters.onnx_runner import OrtCausalLM, check_dtype_supported
+        from lpes.exporters.onnx.runner import OrtCausalLM, check_dtype_supported
 
         dtype = cls.export_dtype(folder, run)
         try:
@@ -60,7 +66,7 @@ class OnnxExport(Target):
 
     @classmethod
     def export_dtype(cls, folder: Path, run: RunContext) -> str:
-        from lpes.exporters.onnx_export import read_metadata
+        from lpes.exporters.onnx.export import read_metadata
 
         return read_metadata(folder).get("dtype", "float32")
 
