@@ -50,7 +50,7 @@ null, "chat_template": bool, "answer_tokens": int >= 1 or null, "prompt_tokens":
 longest]}`, each key known), `model` and `held_out` are objects, `base_model` and `lpes_version`
 strings; read them through `Spec.best_uniform_scale`, `Spec.stock_baselines`, `Spec.search_task`,
 `Spec.searched_model` and `Spec.base_model`. `model` is the model the curve was searched on
-(converter.loading.model_fingerprint: architecture, RoPE, and where lpes-search wrote it `name`,
+(converter.fingerprint.model_fingerprint: architecture, RoPE, and where lpes-search wrote it `name`,
 `config_sha256` and `weights_sha256`, strings); `base_model` the model a conversion applied it to.
 """
 

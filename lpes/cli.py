@@ -175,7 +175,8 @@ def _validate_parser() -> argparse.ArgumentParser:
 
 
 def _validate(argv: list[str] | None) -> int:
-    from lpes.converter.loading import DEFAULT_MODEL, load_config, resolve_model, searched_elsewhere
+    from lpes.converter.fingerprint import searched_elsewhere
+    from lpes.converter.loading import DEFAULT_MODEL, load_config, resolve_model
     from lpes.converter.trust import check_hub_code
     from lpes.exporters.received import check_received_folder
     from lpes.foundation.devices import check_device, default_dtype

@@ -18,14 +18,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lpes.converter.loading import (
-    check_dtype,
-    load_config,
-    model_fingerprint,
-    model_label,
-    resolve_model,
-    searched_elsewhere,
-)
+from lpes.converter.fingerprint import model_fingerprint, searched_elsewhere
+from lpes.converter.loading import check_dtype, load_config, model_label, resolve_model
 from lpes.converter.reference import check_layout, check_rope_scheme
 from lpes.exporters.targets import ExportJob, Target, default_targets, parse_targets, targets_where
 from lpes.foundation.errors import LpesError
@@ -69,7 +63,7 @@ class ConvertPlan:
     chat_template: bool | None = None
     answer_tokens: int | None = None
     shown_model: str = ""  # the model as the user typed it (the commands the report prints name it so)
-    task: Any = None  # validation.report.ResolvedTask: the examples validation scores, resolved at plan time
+    task: Any = None  # validation.task_choice.ResolvedTask: the examples validation scores, resolved at plan time
 
     @property
     def target_names(self) -> list[str]:
@@ -106,7 +100,7 @@ def plan(options: ConvertOptions) -> ConvertPlan:
     task = None
     if options.validate:  # a typo in --data, or the search's data file missing, fails now, not after the export
         from lpes.search.run import check_answer_tokens
-        from lpes.validation.report import check_task_encodes, resolve_task
+        from lpes.validation.task_choice import check_task_encodes, resolve_task
 
         check_answer_tokens(options.answer_tokens)
         task = resolve_task(model_path, spec, options.data, options.chat_template, options.answer_tokens)

@@ -31,7 +31,7 @@ def generate_text(onnx_dir: Path, prompt: str, max_new_tokens: int = 64, provide
     from lpes.converter.loading import load_tokenizer
     from lpes.validation.kv_data import has_chat_template, wrap_chat
     from lpes.validation.scoring import encode_prompt
-    from lpes.validation.tasks import check_vocabulary
+    from lpes.validation.vocabulary import check_vocabulary
 
     onnx_dir = Path(onnx_dir)
     _warn_past_positions(onnx_dir, 0, max_new_tokens)  # --max-new-tokens 1000000000: refused before any work

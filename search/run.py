@@ -283,7 +283,8 @@ def _plan(model: str, out: Path, options: SearchOptions, force: bool) -> _Plan:
     from lpes.converter.loading import load_config, model_label, resolve_model
     from lpes.converter.reference import check_layout, check_rope_scheme
     from lpes.foundation.outputs import check_output_file, check_outside_model
-    from lpes.validation.tasks import check_vocabulary, examples_for, task_config
+    from lpes.validation.tasks import examples_for, task_config
+    from lpes.validation.vocabulary import check_vocabulary
 
     grid, settings = check_options(options)
     out = check_output_file(out, force)  # not empty, not a folder, not there without --force (foundation/outputs.py)
@@ -361,7 +362,8 @@ def _run(plan: _Plan, options: SearchOptions, state: SearchState | None, progres
 
 def _provenance(plan: _Plan, options: SearchOptions, found: _Found) -> dict:
     """What best.json records of the search: the model, every setting, the data, the run, the baselines."""
-    from lpes.converter.loading import model_fingerprint, model_label
+    from lpes.converter.fingerprint import model_fingerprint
+    from lpes.converter.loading import model_label
     from lpes.validation.report import shareable_data
     from lpes.validation.tasks import portable_description, split_provenance
 

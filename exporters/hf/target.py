@@ -35,7 +35,7 @@ class HubFolder(Target):
 
         job = self.job
         if validation is None:  # --no-validate: nothing was checked, and the card says so
-            from lpes.converter.loading import other_model_searched
+            from lpes.converter.fingerprint import other_model_searched
 
             searched_on = other_model_searched(job.spec.searched_model, job.model_path, job.config, job.model_name)
             write_model_card(folder, job.spec, job.model_name, job.config, verdict="not validated",
