@@ -585,7 +585,7 @@ def _score(value: float | None) -> str:
 
 def _held_out(pool: ReplicaPool, examples, best: Spec) -> dict:
     """Greedy accuracy (the benchmark's test) on held-out examples, unscaled and with the found curve."""
-    from lpes.search.replicas import SchemeScales
+    from lpes.search.candidates import SchemeScales
 
     if not examples:
         return {"examples": 0, "unscaled": None, "lpes": None}  # null, not NaN: the spec is JSON

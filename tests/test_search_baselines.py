@@ -190,8 +190,9 @@ def test_a_model_that_cannot_take_the_scheme_is_refused_before_loading(tmp_path,
 def test_dynamic_candidates_are_scored_one_example_at_a_time():
     """Per-layer dynamic NTK takes its base from a batch's longest row: each verdict must be the example's own."""
     from lpes.foundation.spec import RopeScheme
+    from lpes.search.candidates import SchemeScales
     from lpes.search.fitness import ModelEvaluator
-    from lpes.search.replicas import SchemeScales, _batch_size
+    from lpes.search.replica import _batch_size
 
     class Pool:
         size = 1
