@@ -5,8 +5,8 @@ in about a second, before any heavy work. `execute` writes every target into a
 hidden staging folder next to the output, validates, and only then renames the
 staging folder into place, so an interrupted run leaves nothing half-written.
 
-The targets are the registered classes of `lpes.exporters.targets` (one file each,
-`exporters/target_*.py`); this module names none of them.
+The targets are the registered classes of `lpes.exporters.targets` (one folder each,
+`exporters/*/target.py`); this module names none of them.
 """
 
 from __future__ import annotations

@@ -111,6 +111,17 @@ def test_no_module_imports_against_the_direction_lazy_imports_included():
     assert against_the_direction() == []
 
 
+def test_the_readme_pipeline_table_and_the_architecture_tree_list_the_layers_in_order():
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("## The pipeline"):readme.index("Each folder is one stage")]
+    assert re.findall(r"^    (\w+)/ +([\w.]+) ", table, re.M) == list(LAYERS.items())
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    tree = doc[doc.index("## The tree"):doc.index("## Where a new piece goes")]
+    assert re.findall(r"^    (\w+)/ +([\w.]+) ", tree, re.M) == list(LAYERS.items())
+    named = re.findall(r"^      (exporters/)?(\w+)/ ", tree, re.M)
+    assert {name for _, name in named} >= TARGET_FOLDERS
+
+
 # ---- the checks above fail on what they are there to catch (a copy of the tree, with a plant) ----
 
 

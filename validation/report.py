@@ -167,7 +167,7 @@ def validate(
         results, kv, setup = [], _kv_not_run(kv_plan, rerun, shown_model or name), None
     report = ValidationReport(name, kv_plan.examples if results else [], results, max_new_tokens, [rope, kv],
                               prompt_tokens=kv_plan.prompt_tokens if results else [],
-                              task=task_line(task, kv_plan, spec), setup_problem=setup,
+                              task=task_line(task, kv_plan.tokenizer, kv_plan.prompt_tokens), setup_problem=setup,
                               console_paths=rerun.console_paths(), searched_on=searched_on)
     report.warnings += kv_plan.warnings + _answer_warnings(results, kv_plan.examples)
     write_report(report, out_dir)

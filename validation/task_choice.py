@@ -7,14 +7,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from lpes.foundation.errors import LpesError
 from lpes.foundation.spec import Spec
 from lpes.validation.examples import Example
-
-if TYPE_CHECKING:
-    from lpes.validation.variant_runs import KvPlan
 
 
 @dataclass(frozen=True)
@@ -133,17 +130,18 @@ def _budget(tokens: int | None) -> str:
     return "the value's own tokens" if tokens is None else f"{tokens} tokens"
 
 
-def task_line(task: ResolvedTask | None, kv_plan: KvPlan, spec: Spec) -> str:
+def task_line(task: ResolvedTask | None, tokenizer, prompt_tokens: Sequence[int]) -> str:
+    """The report's line on the task: its data, where it came from, chat template, answer budget, prompt lengths."""
     if task is None:
         return "examples given by the caller"
     from lpes.validation.kv_data import has_chat_template
 
     data = shareable_data(task.data) or f"the model folder's own ({task.config.task})"
-    chat = (_on(task.chat_template) if kv_plan.tokenizer is None or has_chat_template(kv_plan.tokenizer)
+    chat = (_on(task.chat_template) if tokenizer is None or has_chat_template(tokenizer)
             else "none (the tokenizer has none)")
     line = f"{data} ({task.source} task), chat template {chat}, answer budget {_budget(task.config.answer_tokens)}"
-    if kv_plan.prompt_tokens:
-        line += f", prompts of {token_span(min(kv_plan.prompt_tokens), max(kv_plan.prompt_tokens))} tokens"
+    if prompt_tokens:
+        line += f", prompts of {token_span(min(prompt_tokens), max(prompt_tokens))} tokens"
     searched = task.searched.prompt_tokens if task.searched is not None else None
     if searched:
         line += f" (the search's: {token_span(*searched)})"

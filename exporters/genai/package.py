@@ -12,7 +12,7 @@ In order:
    limits), before a weight is read.
 2. The builder runs through its Python API, its output captured, into a staging
    folder inside `out_dir` (subprocess would cost a fresh torch import per build).
-3. `genai_rope` checks the builder's cache against the model's own RoPE, then
+3. `rope.py` checks the builder's cache against the model's own RoPE, then
    points every scaled layer at the cache of its scale.
 4. The graph, `genai_config.json`, the tokenizer files and `lpes_spec.json` land in
    `out_dir`.

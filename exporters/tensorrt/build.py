@@ -5,7 +5,7 @@
 - `build_plan()`: how a TensorRT version builds a given precision (pure, tested on CPU):
     TensorRT 11 builds every network strongly typed and has no precision builder flags;
     TensorRT 10 still has them, but lpes builds strongly typed there too (the precision is
-    in the ONNX graph: the export's own dtype or `tensorrt_cast`), so both versions build
+    in the ONNX graph: the export's own dtype or `cast.py`), so both versions build
     the same network. `typing="weak"` keeps TensorRT 10's old route (a float32 graph plus
     BuilderFlag.FP16/BF16, TensorRT picks each layer's precision) for comparison.
   float32 engines clear TF32, whose 10-bit mantissa matmuls would miss float32 parity.

@@ -68,7 +68,7 @@ def build_engine_or_explain(
     and returns a one-line note saying what is missing. Raises LpesError for a graph or
     profile TensorRT could not take anywhere. `timing_cache` (default `out_dir/timing.cache`)
     is read if present and updated after the build; `typing="weak"` is TensorRT 10's
-    builder-flag precision (see `tensorrt_build`).
+    builder-flag precision (see `build.py`).
     """
     onnx_dir, out_dir = Path(onnx_dir), Path(out_dir)
     check_dtype(dtype)

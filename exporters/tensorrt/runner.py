@@ -1,7 +1,7 @@
 """Running an lpes TensorRT engine: one step, and greedy generation through its KV cache.
 
 Experimental: never run here (no machine of this project can install TensorRT). The same
-interface as `onnx_runner.OrtCausalLM` (`greedy`, `greedy_with_logits`, `forward`, `provider`),
+interface as `onnx/runner.py`'s `OrtCausalLM` (`greedy`, `greedy_with_logits`, `forward`, `provider`),
 so the key-value validation (`lpes-validate`) runs on an engine unchanged; the logit parity
 check (`exporters/onnx/parity.py`) runs on the ONNX export in onnxruntime only.
 
