@@ -180,7 +180,7 @@ def _validate(argv: list[str] | None) -> int:
     from lpes.converter.trust import check_hub_code
     from lpes.exporters.received import check_received_folder
     from lpes.foundation.devices import check_device, default_dtype
-    from lpes.search.run import check_answer_tokens
+    from lpes.search.options import check_answer_tokens
     from lpes.validation.report import find_spec, resolve_task, validate
 
     args = _validate_parser().parse_args(argv)

@@ -99,7 +99,7 @@ def plan(options: ConvertOptions) -> ConvertPlan:
     out = check_output_folder(options.out, model_path, options.force)
     task = None
     if options.validate:  # a typo in --data, or the search's data file missing, fails now, not after the export
-        from lpes.search.run import check_answer_tokens
+        from lpes.search.options import check_answer_tokens
         from lpes.validation.task_choice import check_task_encodes, resolve_task
 
         check_answer_tokens(options.answer_tokens)

@@ -7,7 +7,7 @@ import argparse
 from lpes.foundation.commands import ArgumentParser
 from lpes.foundation.spec import MAX_DEGREE
 from lpes.search.genome import MAX_GRID_VALUES
-from lpes.search.run import (
+from lpes.search.options import (
     DTYPE_CHOICES,
     GA_POPULATION,
     MAX_BATCH_SIZE,
@@ -16,8 +16,8 @@ from lpes.search.run import (
     OBJECTIVES,
     OPTIMIZERS,
     SearchOptions,
-    search,
 )
+from lpes.search.run import search
 from lpes.validation.tasks import DATA_FLAG, DATA_HELP
 
 DEFAULTS = SearchOptions()
