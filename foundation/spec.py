@@ -74,17 +74,19 @@ from lpes.foundation.spec_fields import (
     MAX_LAYERS,
     MAX_SCALE,
     MIN_SCALE,
+    ROPE_SCHEMES,
     STOCK_ROPE_TYPES,
     VERSION,
+    YARN_DEFAULT_BETAS,
     check_header,
     check_keys,
     check_provenance,
+    check_rope,
     check_scales,
     control_point,
     is_int,
     is_number,
     show,
-    type_name,
 )
 from lpes.foundation.spec_file import check_size, decode_spec_json, read_spec_file
 
@@ -97,10 +99,6 @@ MAX_DEGREE = bezier.MAX_DEGREE
 TOP_LEVEL_KEYS = ("format", "version", "num_layers", "scales", "curve", "control_points", "degree", "rope_type",
                   "rope_parameters", "provenance")
 CURVE_KEYS = ("degree", "control_points")
-# How a layer applies its scale (`rope_type`): -> the parameters it takes (converter/lpes_rope.py SCHEMES).
-ROPE_SCHEMES = {"linear": (), "yarn": ("beta_fast", "beta_slow", "original_max_position_embeddings"), "dynamic": ()}
-YARN_DEFAULT_BETAS = (32.0, 1.0)  # transformers' beta_fast, beta_slow when a config leaves them out
-MAX_POSITIONS = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -351,7 +349,7 @@ def parse_spec(data: Any) -> Spec:
     if scales is None and curve is None:
         raise LpesError("spec: needs 'scales' or a curve ('curve' or 'control_points')")
     provenance = check_provenance(data.get("provenance", {}))
-    rope = _parse_rope(data)
+    rope = RopeScheme(*check_rope(data))
     spec = Spec(None if scales is None else tuple(check_scales(scales, "scales")), curve, provenance, rope)
     if spec.scales is not None:
         _check_scheme_scales(spec.scales, rope, "scales")
@@ -407,41 +405,6 @@ def _parse_curve(data: Any, where: str) -> Curve:
     return Curve(tuple(parsed))
 
 
-def _parse_rope(data: dict) -> RopeScheme:
-    """`rope_type` (default linear) and its `rope_parameters`, checked as strictly as the rest."""
-    rope_type = data.get("rope_type", "linear")
-    if not isinstance(rope_type, str) or rope_type not in ROPE_SCHEMES:
-        hint = ""
-        if rope_type == "ntk":
-            hint = " (transformers has no static NTK RoPE; dynamic is its NTK-aware scheme)"
-        raise LpesError(f"spec: 'rope_type' must be one of {', '.join(ROPE_SCHEMES)}, got {show(rope_type)}{hint}")
-    parameters = data.get("rope_parameters")
-    if parameters is None:
-        return RopeScheme(rope_type)
-    if not isinstance(parameters, dict):
-        raise LpesError(f"spec: 'rope_parameters' must be an object, got {type_name(parameters)}")
-    known = ROPE_SCHEMES[rope_type]
-    if not known and parameters:
-        raise LpesError(f"spec: 'rope_parameters' has no fields for rope_type {rope_type!r} "
-                        f"(only yarn takes {', '.join(ROPE_SCHEMES['yarn'])})")
-    check_keys(parameters, known, "rope_parameters.")
-    for key in ("beta_fast", "beta_slow"):
-        value = parameters.get(key)
-        if value is not None and not (is_number(value) and math.isfinite(value) and 0 < value <= MAX_SCALE):
-            raise LpesError(f"spec: 'rope_parameters.{key}' must be a number in (0, {MAX_SCALE:g}], got {show(value)}")
-    fast, slow = (d if parameters.get(k) is None else parameters[k]
-                  for k, d in zip(("beta_fast", "beta_slow"), YARN_DEFAULT_BETAS))
-    if rope_type == "yarn" and not fast > slow:
-        raise LpesError(f"spec: 'rope_parameters.beta_fast' ({show(fast)}) must be greater than beta_slow "
-                        f"({show(slow)}); YaRN's ramp runs from one to the other")
-    original = parameters.get("original_max_position_embeddings")
-    if original is not None and not (is_int(original) and 1 <= original <= MAX_POSITIONS):
-        raise LpesError("spec: 'rope_parameters.original_max_position_embeddings' must be an integer in "
-                        f"1..{MAX_POSITIONS}, got {show(original)}")
-    return RopeScheme(rope_type, *(None if parameters.get(k) is None else float(parameters[k])
-                                   for k in ("beta_fast", "beta_slow")), original)
-
-
 def _check_scheme_scales(scales, rope: RopeScheme, name: str) -> None:
     """YaRN and dynamic NTK take factors >= 1 (below it neither extends anything; transformers warns)."""
     if rope.linear:
@@ -453,12 +416,8 @@ def _check_scheme_scales(scales, rope: RopeScheme, name: str) -> None:
                             f"{rope.rope_type!r}) must be at least 1")
 
 
-
-
 def _check_scales_match_curve(scales: tuple[float, ...], curve: Curve) -> None:
     expected = curve.scales(len(scales))
     worst = max(abs(a - b) / b for a, b in zip(scales, expected))  # b >= MIN_SCALE > 0
     if worst > 1e-9:
         raise LpesError(f"spec: 'scales' do not match the curve (relative difference {worst:.2e}); fix or drop one")
-
-

@@ -1,5 +1,5 @@
 """The spec file's fields that other stages read, checked as strictly as the format (foundation/spec.py):
-the header, scales and control points in their range, the typed parts of `provenance`; and the
+the header, scales and control points in their range, the RoPE scheme, the typed parts of `provenance`; and the
 helpers every check of a field uses to say what it got in one short line."""
 
 from __future__ import annotations
@@ -23,6 +23,10 @@ SCALE_RANGE = f"[{MIN_SCALE:g}, {MAX_SCALE:g}]"
 # The stock length-extension RoPE types (transformers' rope_type -> the name readers know) that
 # lpes-search scans as baselines and validation scores beside the curve.
 STOCK_ROPE_TYPES = {"yarn": "YaRN", "dynamic": "dynamic NTK"}
+# How a layer applies its scale (`rope_type`): -> the parameters it takes (converter/lpes_rope.py SCHEMES).
+ROPE_SCHEMES = {"linear": (), "yarn": ("beta_fast", "beta_slow", "original_max_position_embeddings"), "dynamic": ()}
+YARN_DEFAULT_BETAS = (32.0, 1.0)  # transformers' beta_fast, beta_slow when a config leaves them out
+MAX_POSITIONS = 2**31 - 1
 
 
 def check_keys(data: dict, known: tuple[str, ...], where: str) -> None:
@@ -69,6 +73,42 @@ def check_scales(scales: Any, name: str) -> list[float]:
             raise LpesError(f"spec: '{name}[{i}]' is {show(value)}; a scale must lie in {SCALE_RANGE}")
         out.append(float(value))
     return out
+
+
+def check_rope(data: dict) -> tuple[str, float | None, float | None, int | None]:
+    """`rope_type` (default linear) and its `rope_parameters`, checked as strictly as the rest: the fields of a
+    `RopeScheme` (rope_type, beta_fast, beta_slow, original_max_position_embeddings)."""
+    rope_type = data.get("rope_type", "linear")
+    if not isinstance(rope_type, str) or rope_type not in ROPE_SCHEMES:
+        hint = ""
+        if rope_type == "ntk":
+            hint = " (transformers has no static NTK RoPE; dynamic is its NTK-aware scheme)"
+        raise LpesError(f"spec: 'rope_type' must be one of {', '.join(ROPE_SCHEMES)}, got {show(rope_type)}{hint}")
+    parameters = data.get("rope_parameters")
+    if parameters is None:
+        return rope_type, None, None, None
+    if not isinstance(parameters, dict):
+        raise LpesError(f"spec: 'rope_parameters' must be an object, got {type_name(parameters)}")
+    known = ROPE_SCHEMES[rope_type]
+    if not known and parameters:
+        raise LpesError(f"spec: 'rope_parameters' has no fields for rope_type {rope_type!r} "
+                        f"(only yarn takes {', '.join(ROPE_SCHEMES['yarn'])})")
+    check_keys(parameters, known, "rope_parameters.")
+    for key in ("beta_fast", "beta_slow"):
+        value = parameters.get(key)
+        if value is not None and not (is_number(value) and math.isfinite(value) and 0 < value <= MAX_SCALE):
+            raise LpesError(f"spec: 'rope_parameters.{key}' must be a number in (0, {MAX_SCALE:g}], got {show(value)}")
+    fast, slow = (d if parameters.get(k) is None else parameters[k]
+                  for k, d in zip(("beta_fast", "beta_slow"), YARN_DEFAULT_BETAS))
+    if rope_type == "yarn" and not fast > slow:
+        raise LpesError(f"spec: 'rope_parameters.beta_fast' ({show(fast)}) must be greater than beta_slow "
+                        f"({show(slow)}); YaRN's ramp runs from one to the other")
+    original = parameters.get("original_max_position_embeddings")
+    if original is not None and not (is_int(original) and 1 <= original <= MAX_POSITIONS):
+        raise LpesError("spec: 'rope_parameters.original_max_position_embeddings' must be an integer in "
+                        f"1..{MAX_POSITIONS}, got {show(original)}")
+    return (rope_type, *(None if parameters.get(k) is None else float(parameters[k])
+                         for k in ("beta_fast", "beta_slow")), original)
 
 
 def check_provenance(provenance: Any) -> dict[str, Any]:
