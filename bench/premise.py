@@ -1,12 +1,13 @@
 """The premise, decided prompt by prompt: held-out accuracy of each variant, all positions and the middle.
 
-    .venv/bin/python bench/premise.py bench/real/position.json:20 bench/real/compare-yarn.json ...
+    .venv/bin/python bench/premise.py bench/real/position.json:20 "stock YaRN=bench/real/compare-yarn.json" ...
 
-Each argument is a file of per-prompt answers on the same held-out prompts (bench_real_model.py's
+Each argument is `[LABEL=]FILE`, a file of per-prompt answers on the same held-out prompts (bench_real_model.py's
 `compare` output, or `position.json:PAIRS` for its unscaled row at that pair count), in the same
 order. The middle is the gold positions at 25-75% of the context (gold index / (pairs - 1)). Each
-variant is held against the best of the others (by middle accuracy) with McNemar's exact test: the
-two-sided binomial p of the discordant prompts (right with one, wrong with the other).
+variant is held against the best of the others, on all prompts and on the middle ones (the best by
+accuracy there), with McNemar's exact test: the two-sided binomial p of the discordant prompts
+(right with one, wrong with the other).
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from pathlib import Path
 
 
 def load(argument: str) -> tuple[str, list[dict]]:
-    path, _, pairs = argument.partition(":")
+    label, _, path = argument.rpartition("=")
+    path, _, pairs = path.partition(":")
     data = json.loads(Path(path).read_text())
     if pairs:
         row = next(r for r in data if r["pairs"] == int(pairs))
-        return "unscaled", row["answers"]
-    return data["variant"], data["answers"]
+        return label or "unscaled", row["answers"]
+    return label or data["variant"], data["answers"]
 
 
 def mcnemar_p(a: list[bool], b: list[bool]) -> tuple[int, int, float]:
@@ -42,6 +44,13 @@ def middle(answers: list[dict]) -> list[bool]:
     return [0.25 <= a["gold_index"] / last <= 0.75 for a in answers]
 
 
+def against_best(name: str, verdicts: dict[str, list[bool]]) -> str:
+    """`name` against the best of the other variants on these verdicts: discordant prompts and McNemar's p."""
+    best = max((o for o in verdicts if o != name), key=lambda o: sum(verdicts[o]))
+    only, other, p = mcnemar_p(verdicts[name], verdicts[best])
+    return f"vs {best[:30]}: {only} / {other}, p = {p:.3g}"
+
+
 def main(arguments: list[str]) -> int:
     variants = [load(a) for a in arguments]
     values = [[a["value"] for a in answers] for _, answers in variants]
@@ -50,15 +59,12 @@ def main(arguments: list[str]) -> int:
     in_middle = middle(variants[0][1])
     verdicts = {name: [a["correct"] for a in answers] for name, answers in variants}
     mid = {name: [ok for ok, m in zip(v, in_middle) if m] for name, v in verdicts.items()}
-    print(f"| variant | all ({len(in_middle)}) | middle 25-75% ({sum(in_middle)}) | middle vs best other "
-          "(only this / only other, McNemar p) |")
-    print("|---|---:|---:|---|")
+    print(f"| variant | all ({len(in_middle)}) | all vs best other (only this / only other, McNemar p) | "
+          f"middle 25-75% ({sum(in_middle)}) | middle vs best other |")
+    print("|---|---:|---|---:|---|")
     for name in verdicts:
-        others = [o for o in verdicts if o != name]
-        best = max(others, key=lambda o: sum(mid[o]))
-        only, other, p = mcnemar_p(mid[name], mid[best])
-        print(f"| {name[:60]} | {100 * sum(verdicts[name]) / len(in_middle):.1f} | "
-              f"{100 * sum(mid[name]) / len(mid[name]):.1f} | vs {best[:30]}: {only} / {other}, p = {p:.3g} |")
+        print(f"| {name[:60]} | {100 * sum(verdicts[name]) / len(in_middle):.1f} | {against_best(name, verdicts)} | "
+              f"{100 * sum(mid[name]) / len(mid[name]):.1f} | {against_best(name, mid)} |")
     return 0
 
 

@@ -9,15 +9,18 @@ lpes.foundation.bezier at each layer, the function a spec applies), so dJ/du = e
 dJ/ds comes from autograd through the one per-layer RoPE (converter/lpes_rope.py, with the
 model's weights frozen; `reference.apply_differentiable`).
 
-Each generation computes the objective J (search/objective.py: the gold-position-weighted mean
-log-likelihood) and its gradient on every calibration example, in fixed batches of
-`--batch-size` (one forward and one backward each, spread over the replicas, summed in batch
-order so any layout gives the same sum), then takes one Adam step on u, projected onto the
-scale grid's bounds [min, max]. The best curve by J so far is kept (the starting point included);
-a step that does not raise J is taken back: the next one starts again from the best point with
-half the learning rate (the landscape in s is sharp: on SmolLM2 a 10% step in every control
-scale already overshoots). Patience
-stops the search once J has not risen for K generations.
+Each generation is one pass over the calibration examples in fixed mini-batches of
+`--batch-size` (grouped by length, the same for the whole search): for each batch, the gradient
+of its share of the objective J (search/objective.py: the gold-position-weighted mean
+log-likelihood) by one forward and one backward pass, then one Adam step on u, projected onto the
+scale grid's bounds [min, max]. So a pass over N examples in batches of B takes N / B steps for
+the cost of one full gradient (the full-batch version took one step per pass, and on SmolLM2
+spent most of its budget on steps it then took back). The pass ends with J of the point reached,
+scored exactly on every example (forward only, spread over the replicas): the best curve by J so far is
+kept (the starting point included), and a pass that does not raise J is taken back: the next
+one starts again from the best point with half the learning rate and fresh moments. Patience
+stops the search once J has not risen for K generations. A batch's gradient is computed on one
+replica at a time, so any number of replicas takes the same steps.
 
 The state (u, Adam's moments, the best) is written to the checkpoint after every generation
 as exact JSON floats; resuming continues the same steps bit for bit. A NaN or infinite
@@ -26,6 +29,7 @@ gradient stops the search at that generation with the last good checkpoint kept.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,9 +40,10 @@ from lpes.foundation.bezier import layer_scales
 from lpes.foundation.errors import LpesError
 from lpes.search.ga import GASettings, Scored, SearchState
 from lpes.search.genome import Curve, SearchSpace
+from lpes.search.objective import weighted
 
 NAME = "gradient"
-LEARNING_RATE = 0.1  # Adam's step in log-scale: about 10% per generation at most, in each control scale
+LEARNING_RATE = 0.1  # Adam's step in log-scale: about 10% per mini-batch at most, in each control scale
 BETAS = (0.9, 0.999)
 EPSILON = 1e-8
 # J rising by less than this (in nats per answer token) is not an improvement for patience.
@@ -70,9 +75,12 @@ class GradientSearch:
         state = state or SearchState(failures=[0] * self.evaluator.num_examples)
         tokens_before = state.forward_tokens - self.evaluator.forward_tokens
         if state.optimizer is None:
-            start = math.log(self._scan_uniform(state))
-            state.optimizer = {"name": NAME, "u": [start] * len(self.x), "m": [0.0] * len(self.x),
-                               "v": [0.0] * len(self.x), "best": None}
+            scale, objective, accuracy = self._scan_uniform(state)
+            u = [math.log(scale)] * len(self.x)
+            state.optimizer = {"name": NAME, "u": u, "m": [0.0] * len(self.x), "v": [0.0] * len(self.x),
+                               "best": {"u": list(u), "objective": objective, "accuracy": accuracy, "generation": -1}}
+            state.forward_tokens = tokens_before + self.evaluator.forward_tokens
+            state.best_fitness, state.tokens_to_best = objective, state.forward_tokens
             state.generation = -1
         elif state.optimizer.get("name") != NAME:
             raise LpesError(f"the checkpoint is from {state.optimizer.get('name', 'ga')}, not {NAME}: resume it "
@@ -81,7 +89,7 @@ class GradientSearch:
             self._generation(state, tokens_before)
         return state
 
-    def _scan_uniform(self, state: SearchState) -> float:
+    def _scan_uniform(self, state: SearchState) -> tuple[float, float, float]:
         """Generation -1: the objective of each grid scale in every layer (forward passes only); the best is
         where the descent starts (at a tie the gentler scale), so the curve found can only match or beat it."""
         grid = self.space.grid.values
@@ -94,18 +102,18 @@ class GradientSearch:
             for start in range(0, len(grid), max(1, self.settings.replicas)):
                 scales = grid[start:start + max(1, self.settings.replicas)]
                 jobs = [((s,) * self.space.num_layers, everything) for s in scales]
-                for scale, (logprobs, _) in zip(scales, self.evaluator.logprobs_many(jobs)):
-                    scored.append((sum(w * v for w, v in zip(self.weights, logprobs)), scale))
+                for scale, (logprobs, verdicts) in zip(scales, self.evaluator.logprobs_many(jobs)):
+                    scored.append((weighted(logprobs, self.weights), scale, sum(verdicts) / len(verdicts)))
                     if progress is not None:
                         progress.computed(len(everything))
                         progress.finished()
         finally:
             if progress is not None:
                 progress.close()
-        objective, scale = max(scored, key=lambda js: (js[0], -abs(math.log(js[1]))))
+        objective, scale, accuracy = max(scored, key=lambda js: (js[0], -abs(math.log(js[1]))))
         state.uniform = {"scale": scale, "fitness": objective, "tokens": self.evaluator.forward_tokens - tokens_before,
-                         "scanned": [[s, j] for j, s in scored]}
-        return scale
+                         "scanned": [[s, j] for j, s, _ in scored]}
+        return scale, objective, accuracy
 
     def scales(self, u: list[float]) -> tuple[float, ...]:
         return self.curve(u).spec(self.space.grid, self.space.num_layers).scales
@@ -114,42 +122,32 @@ class GradientSearch:
         return Curve(tuple((x, math.exp(v)) for x, v in zip(self.x, u)))
 
     def _generation(self, state: SearchState, tokens_before: int) -> None:
-        opt = state.optimizer
         generation = state.generation + 1
-        u = opt["u"]
-        scales = self.scales(u)
+        everything = list(range(self.evaluator.num_examples))
         progress = self.step_progress(f"lpes-search gen {generation}/{self.settings.generations} gradient",
-                                      1, self.evaluator.num_examples) if self.step_progress else None
+                                      len(self.batches) + 1, 2 * len(everything)) if self.step_progress else None
+        opt = copy.deepcopy(state.optimizer)  # the checkpoint's state stays as it was until the pass is done
         try:
-            results = self.evaluator.gradients(scales, self.batches, self.weights)
+            d_scales = self._pass(opt, generation, progress)
+            [(logprobs, verdicts)] = self.evaluator.logprobs_many([(self.scales(opt["u"]), everything)])
             if progress is not None:
-                progress.computed(self.evaluator.num_examples)
+                progress.computed(len(everything))
                 progress.finished()
         finally:
             if progress is not None:
                 progress.close()
-        objective = sum(r.objective for r in results)  # in batch order: the same on every layout
-        d_scales = np.sum([np.array(r.gradient) for r in results], axis=0)
-        if not (math.isfinite(objective) and np.all(np.isfinite(d_scales))):
-            raise LpesError(f"generation {generation}: the objective or its gradient is not finite (NaN or inf); "
-                            "the checkpoint of the generation before is kept: resume with a smaller "
-                            "--learning-rate or narrower --scale-grid")
-        d_u = np.exp(np.array(u)) * (self.basis.T @ d_scales)
-        logprobs = {i: lp for r in results for i, lp in zip(r.example_ids, r.logprobs)}
-        verdicts = {i: ok for r in results for i, ok in zip(r.example_ids, r.argmax_correct)}
-        accuracy = sum(verdicts.values()) / len(verdicts)
-        for i, ok in verdicts.items():
+        objective = weighted(logprobs, self.weights)
+        scales = self.scales(opt["u"])
+        accuracy = sum(verdicts) / len(verdicts)
+        for i, ok in enumerate(verdicts):
             state.failures[i] += not ok
         before = opt["best"]
-        if before is None or objective > before["objective"] + MIN_GAIN:
-            opt["best"] = {"u": list(u), "objective": objective, "accuracy": accuracy, "generation": generation,
-                           "d_u": [float(g) for g in d_u]}
-        else:  # the step went too far: back to the best point, with half the step and fresh moments
+        if objective > before["objective"] + MIN_GAIN:
+            opt["best"] = {"u": list(opt["u"]), "objective": objective, "accuracy": accuracy, "generation": generation}
+        else:  # the pass went too far: back to the best point, with half the step and fresh moments
             opt["learning_rate"] = opt.get("learning_rate", self.gradient.learning_rate) / 2
-            opt["u"], opt["m"], opt["v"], opt["step"] = list(before["u"]), [0.0] * len(u), [0.0] * len(u), 0
-            d_u = np.array(before["d_u"])
-        opt["last_gradient"] = [float(g) for g in d_scales]  # dJ/ds_h at this generation's scales
-        self._adam(opt, d_u)
+            opt["u"], opt["m"], opt["v"], opt["step"] = list(before["u"]), [0.0] * len(self.x), [0.0] * len(self.x), 0
+        state.optimizer = opt
         state.generation = generation
         state.evaluations += 1
         best = opt["best"]
@@ -157,8 +155,8 @@ class GradientSearch:
         state.parents = [Scored(self.curve(best["u"]), best["objective"], 0, sum(abs(v) for v in best["u"]))]
         state.forward_tokens = tokens_before + self.evaluator.forward_tokens
         if best is not before:
-            state.best_fitness, state.tokens_to_best = objective, state.forward_tokens
-            state.improvements.append([objective, state.tokens_to_best])
+            state.best_fitness, state.tokens_to_best = best["objective"], state.forward_tokens
+            state.improvements.append([best["objective"], state.tokens_to_best])
         if self.settings.patience and state.unchanged >= self.settings.patience:
             state.stop_reason = (f"the objective has not risen for {self.settings.patience} generations "
                                  f"(--patience {self.settings.patience})")
@@ -166,11 +164,30 @@ class GradientSearch:
             "generation": generation, "best": best["objective"], "mean_scored": objective, "scored": 1,
             "raced_out": 0, "duplicates_skipped": 0, "forward_tokens": state.forward_tokens, "genomes": generation + 1,
             "unchanged": state.unchanged, "objective": objective, "accuracy_teacher_forced": accuracy,
-            "scales": list(scales), "gradient_norm": float(np.linalg.norm(d_scales)),
-            "objective_by_example": [logprobs[i] for i in sorted(logprobs)],
+            "scales": list(scales), "steps": len(self.batches),
+            # dJ/ds_h summed over the pass's batches, each at the point of its own step (the first batch's at
+            # where the pass began): which layers want more interpolation (> 0) and which less (< 0)
+            "gradient": [float(g) for g in d_scales], "gradient_norm": float(np.linalg.norm(d_scales)),
+            "objective_by_example": list(logprobs),
         })
         if self.on_generation is not None:
             self.on_generation(state)
+
+    def _pass(self, opt: dict, generation: int, progress) -> np.ndarray:
+        """One Adam step per fixed batch, from opt's point; the batches' gradients dJ/ds summed."""
+        total = np.zeros(self.space.num_layers)
+        for batch in self.batches:
+            [result] = self.evaluator.gradients(self.scales(opt["u"]), [batch], self.weights)
+            d_scales = np.array(result.gradient)
+            if not (math.isfinite(result.objective) and np.all(np.isfinite(d_scales))):
+                raise LpesError(f"generation {generation}: the objective or its gradient is not finite (NaN or "
+                                "inf); the checkpoint of the generation before is kept: resume with a smaller "
+                                "--learning-rate or narrower --scale-grid")
+            total += d_scales
+            self._adam(opt, np.exp(np.array(opt["u"])) * (self.basis.T @ d_scales))
+            if progress is not None:
+                progress.computed(len(batch))
+        return total
 
     def _adam(self, opt: dict, d_u: np.ndarray) -> None:
         """One Adam step up the objective, projected onto the grid's bounds (bias-corrected moments)."""
