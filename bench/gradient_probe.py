@@ -29,24 +29,26 @@ from lpes.validation.scoring import answer_logprob_batches
 from lpes.validation.tasks import examples_for, task_config
 
 
-def probe(model, tokenizer, examples, scale: float, batch_size: int) -> dict:
+def probe(model, tokenizer, examples, scale: float, batch_size: int, backward: bool = True) -> dict:
     layers = model.config.num_hidden_layers
     weights = gold_weights([e.gold_index for e in examples])
-    scales = torch.full((layers,), scale, dtype=torch.float32, requires_grad=True)
+    scales = torch.full((layers,), scale, dtype=torch.float32, requires_grad=backward)
     by_gold: dict[int, list[float]] = {}
     objective, tokens = 0.0, 0
     for start in range(0, len(examples), batch_size):
         ids = list(range(start, min(start + batch_size, len(examples))))
         apply_differentiable(model, scales)
-        [(rows, positions)] = list(answer_logprob_batches(model, tokenizer, [examples[i] for i in ids], grad=True,
-                                                          batches=[list(range(len(ids)))]))
+        [(rows, positions)] = list(answer_logprob_batches(model, tokenizer, [examples[i] for i in ids],
+                                                          grad=backward, batches=[list(range(len(ids)))]))
         part = sum(weights[i] * r.logprob for i, r in zip(ids, rows))
-        part.backward()
+        if backward:
+            part.backward()
         objective += float(part.detach())
         tokens += positions
         for i, r in zip(ids, rows):
             by_gold.setdefault(examples[i].gold_index, []).append(float(r.logprob.detach()))
-    return {"scale": scale, "objective": objective, "gradient": [float(g) for g in scales.grad],
+    return {"scale": scale, "objective": objective,
+            "gradient": [float(g) for g in scales.grad] if backward else None,
             "objective_by_gold_index": {str(g): sum(v) / len(v) for g, v in sorted(by_gold.items())},
             "positions": tokens}
 
@@ -57,6 +59,7 @@ def main() -> int:
     parser.add_argument("--scales", default="1", help="uniform scales, joined by +")
     parser.add_argument("--data", default=None, help="lpes-search's --data (default: the model folder's task)")
     parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--forward-only", action="store_true", help="the objective alone (a finer uniform scan)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     model_path = resolve_model(args.model)
@@ -68,12 +71,12 @@ def main() -> int:
     rows = []
     for scale in (float(s) for s in args.scales.split("+")):
         started = time.perf_counter()
-        row = probe(model, tokenizer, examples, scale, args.batch_size)
+        row = probe(model, tokenizer, examples, scale, args.batch_size, backward=not args.forward_only)
         row["seconds"] = round(time.perf_counter() - started, 1)
         rows.append(row)
-        grad = row["gradient"]
+        gradient = " ".join(f"{g:+.3f}" for g in row["gradient"]) if row["gradient"] else "-"
         print(f"s={scale:g}: J={row['objective']:.4f} by gold {row['objective_by_gold_index']} "
-              f"({row['seconds']} s); dJ/ds_h: " + " ".join(f"{g:+.3f}" for g in grad), flush=True)
+              f"({row['seconds']} s); dJ/ds_h: {gradient}", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     result = {"model": args.model, "examples": len(examples), "data": args.data, "threads": torch.get_num_threads(),
               "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2), "rows": rows}

@@ -14,13 +14,14 @@ Each generation is one pass over the calibration examples in fixed mini-batches 
 of its share of the objective J (search/objective.py: the gold-position-weighted mean
 log-likelihood) by one forward and one backward pass, then one Adam step on u, projected onto the
 scale grid's bounds [min, max]. So a pass over N examples in batches of B takes N / B steps for
-the cost of one full gradient (the full-batch version took one step per pass, and on SmolLM2
-spent most of its budget on steps it then took back). The pass ends with J of the point reached,
-scored exactly on every example (forward only, spread over the replicas): the best curve by J so far is
-kept (the starting point included), and a pass that does not raise J is taken back: the next
-one starts again from the best point with half the learning rate and fresh moments. Patience
-stops the search once J has not risen for K generations. A batch's gradient is computed on one
-replica at a time, so any number of replicas takes the same steps.
+the cost of one full gradient (the full-batch version took one step per pass, and on
+lpes-tiny-induction never left the unscaled model: bench/RESULTS.md, issue 33). The pass ends
+with J of the point reached, scored exactly on every example (forward only, spread over the
+replicas): the best curve by J so far is kept (the starting point included), and a pass that
+does not raise J is taken back: the next one starts again from the best point with half the
+learning rate and fresh moments. Patience stops the search once J has not risen for K
+generations. A batch's gradient is computed on one replica at a time, so any number of replicas
+takes the same steps (replicas speed up the scoring, not the steps).
 
 The state (u, Adam's moments, the best) is written to the checkpoint after every generation
 as exact JSON floats; resuming continues the same steps bit for bit. A NaN or infinite
@@ -43,6 +44,8 @@ from lpes.search.genome import Curve, SearchSpace
 from lpes.search.objective import weighted
 
 NAME = "gradient"
+# 2: one Adam step per mini-batch. A checkpoint of another version would resume other steps: refused.
+VERSION = 2
 LEARNING_RATE = 0.1  # Adam's step in log-scale: about 10% per mini-batch at most, in each control scale
 BETAS = (0.9, 0.999)
 EPSILON = 1e-8
@@ -77,14 +80,16 @@ class GradientSearch:
         if state.optimizer is None:
             scale, objective, accuracy = self._scan_uniform(state)
             u = [math.log(scale)] * len(self.x)
-            state.optimizer = {"name": NAME, "u": u, "m": [0.0] * len(self.x), "v": [0.0] * len(self.x),
+            zeros = [0.0] * len(self.x)
+            state.optimizer = {"name": NAME, "version": VERSION, "u": u, "m": zeros, "v": list(zeros),
                                "best": {"u": list(u), "objective": objective, "accuracy": accuracy, "generation": -1}}
             state.forward_tokens = tokens_before + self.evaluator.forward_tokens
             state.best_fitness, state.tokens_to_best = objective, state.forward_tokens
             state.generation = -1
-        elif state.optimizer.get("name") != NAME:
-            raise LpesError(f"the checkpoint is from {state.optimizer.get('name', 'ga')}, not {NAME}: resume it "
-                            "with that, or delete it to start over")
+        elif (state.optimizer.get("name"), state.optimizer.get("version")) != (NAME, VERSION):
+            found = " ".join(str(state.optimizer[k]) for k in ("name", "version") if k in state.optimizer) or "ga"
+            raise LpesError(f"the checkpoint is from {found}, not {NAME} {VERSION}: resume it with that, or delete "
+                            "it to start over")
         while state.generation < self.settings.generations and state.stop_reason is None:
             self._generation(state, tokens_before)
         return state

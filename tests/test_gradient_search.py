@@ -186,3 +186,29 @@ def test_a_backward_that_would_not_fit_is_refused_at_plan_time(tmp_path, capsys,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "backward pass over the largest batch needs about" in err[0], err
     assert "64.0 MiB available" in err[0] and list(tmp_path.iterdir()) == []
+
+
+
+def test_a_checkpoint_of_the_full_batch_version_is_refused_on_resume(tmp_path, monkeypatch, capsys):
+    """The first gradient search took one step per pass and wrote no version; resuming its checkpoint with
+    mini-batch steps would continue other steps than it began, so it is refused in one line, left as it was."""
+    original = gradient_module.GradientSearch._generation
+
+    def killed_after_one(self, state, tokens_before):
+        original(self, state, tokens_before)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(gradient_module.GradientSearch, "_generation", killed_after_one)
+    assert search_main(gradient_args(tmp_path / "a.json")) == 130
+    monkeypatch.setattr(gradient_module.GradientSearch, "_generation", original)
+    state_file = tmp_path / "a.json.state.json"
+    checkpoint = json.loads(state_file.read_text())
+    assert checkpoint["state"]["optimizer"].pop("version") == gradient_module.VERSION
+    state_file.write_text(json.dumps(checkpoint))
+    before = state_file.read_bytes()
+    capsys.readouterr()
+    assert search_main(gradient_args(tmp_path / "a.json")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == ("lpes-search: error: the checkpoint is from gradient, not gradient 2: resume it with that, "
+                       "or delete it to start over"), err
+    assert state_file.read_bytes() == before and not (tmp_path / "a.json").exists()
