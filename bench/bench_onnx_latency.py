@@ -42,10 +42,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lpes.exporters import onnx_export, onnx_io
-from lpes.exporters.onnx_export import export_onnx
-from lpes.exporters.onnx_runner import OrtCausalLM
-from lpes.spec import Spec
+from lpes.exporters.onnx import export as onnx_export
+from lpes.exporters.onnx import graph_io as onnx_io
+from lpes.exporters.onnx.export import export_onnx
+from lpes.exporters.onnx.runner import OrtCausalLM
+from lpes.foundation.spec import Spec
 
 sys.path.insert(0, str(Path(__file__).parent))
 # bench_onnx_memory imports nothing heavy at the top (it measures peak memory), so it holds the shared pieces.

@@ -56,8 +56,8 @@ def build(work: Path, dtype: str) -> dict:
 def export(work: Path, dtype: str) -> dict:
     import torch
 
-    from lpes.exporters.onnx_export import export_onnx
-    from lpes.spec import Spec
+    from lpes.exporters.onnx.export import export_onnx
+    from lpes.foundation.spec import Spec
 
     torch.set_num_threads(2)
     scales = lpes_scales(SHAPE["num_hidden_layers"])
@@ -67,7 +67,7 @@ def export(work: Path, dtype: str) -> dict:
 
 
 def check(work: Path, dtype: str) -> dict:
-    from lpes.exporters.onnx_runner import OrtCausalLM
+    from lpes.exporters.onnx.runner import OrtCausalLM
 
     start = time.perf_counter()
     lm = OrtCausalLM(work / "onnx", "cpu", threads=2)

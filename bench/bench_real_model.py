@@ -106,7 +106,7 @@ def position(model_path: Path, model, tokenizer, pairs: list[int], examples: lis
 def compare(model_path: Path, model, tokenizer, spec_path: Path, variants: list[str], per_index: int,
             out: Path, tag: str = "", uniform_scale: float | None = None) -> None:
     from lpes.converter.reference import apply, use_stock_rope
-    from lpes.spec import Spec, load_spec
+    from lpes.foundation.spec import Spec, load_spec
 
     spec = load_spec(spec_path, model.config.num_hidden_layers)
     layers = model.config.num_hidden_layers

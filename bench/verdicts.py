@@ -19,7 +19,7 @@ import json
 import time
 from pathlib import Path
 
-from lpes.search.replicas import ShareResult
+from lpes.search.candidates import ShareResult
 
 
 def cache_path(folder: Path, **what) -> Path:

@@ -19,7 +19,7 @@ import torch
 
 import lpes
 from lpes.converter.loading import load_model, load_tokenizer, resolve_model
-from lpes.spec import load_spec
+from lpes.foundation.spec import load_spec
 from lpes.validation.tiny_kv import make_examples
 
 MAX_NEW_TOKENS = 8

@@ -35,7 +35,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from lpes.errors import LpesError, run_command
+from lpes.foundation.commands import run_command
+from lpes.foundation.errors import LpesError
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ROOT / "compat" / "lm_eval_tasks"

@@ -23,7 +23,7 @@ import transformers
 
 import lpes
 from lpes.converter.loading import load_model, load_tokenizer, resolve_model
-from lpes.spec import load_spec
+from lpes.foundation.spec import load_spec
 from lpes.validation.tiny_kv import make_examples
 
 # float32 on the CPU: two correct transformers releases agree far closer than this; a RoPE or

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from lpes.errors import LpesError
+from lpes.foundation.errors import LpesError
 
 
 @dataclass(frozen=True)

@@ -38,10 +38,10 @@ from lpes.converter.model_card import write_model_card
 from lpes.converter.modeling_template import MODELING_LPES
 from lpes.converter.portable_files import COPIED_TOKENIZER_FILES, write_config_json, write_tokenizer_files
 from lpes.converter.reference import check_rope_scheme
-from lpes.errors import LpesError
-from lpes.files import write_text_atomic
-from lpes.plots import plot_curve
-from lpes.spec import LINEAR_ROPE, RopeScheme, Spec, dump_spec
+from lpes.foundation.errors import LpesError
+from lpes.foundation.files import write_text_atomic
+from lpes.foundation.plots import plot_curve
+from lpes.foundation.spec import LINEAR_ROPE, RopeScheme, Spec, dump_spec
 
 WEIGHT_SUFFIXES = (".safetensors", ".gguf")  # pickles (.bin, .pt) are never copied: unpickling can run code
 WEIGHT_INDEXES = ("model.safetensors.index.json",)
@@ -256,7 +256,7 @@ def _link_or_copy_files(model_path: Path, out_dir: Path) -> None:
 def hf_folder_bytes(model_path: Path, out: Path) -> int:
     """About what `write_hf_folder` writes into `out`: the files it copies, and the weights unless they can be
     hard-linked (the same filesystem), the model code and the spec; for the plan's free-space check."""
-    from lpes.preflight import nearest_existing
+    from lpes.foundation.preflight import nearest_existing
 
     out_device = os.stat(nearest_existing(Path(out).parent)).st_dev
     total = 1 << 20  # config.json, the model code, the spec, the card

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lpes.errors import LpesError
-from lpes.outputs import MARKER
+from lpes.foundation.errors import LpesError
+from lpes.foundation.outputs import MARKER
 
 
 def check_push_target(repo_id: str, api=None) -> None:

@@ -13,8 +13,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from lpes.files import write_text_atomic
-from lpes.spec import Spec
+from lpes.foundation.files import write_text_atomic
+from lpes.foundation.spec import Spec
 
 MODELING_FILE = "modeling_lpes.py"
 # A Hub repo id: owner/name, nothing that looks like a path on this machine.

@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from lpes.files import write_bytes_atomic, write_text_atomic
+from lpes.foundation.files import write_bytes_atomic, write_text_atomic
 
 COPIED_TOKENIZER_FILES = (
     "tokenizer.json",

@@ -26,8 +26,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from lpes.errors import LpesError
-from lpes.files import current_umask, write_text_atomic
+from lpes.foundation.errors import LpesError
+from lpes.foundation.files import current_umask, write_text_atomic
 
 SOURCE_FILE = "lpes_source.json"
 

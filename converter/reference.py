@@ -18,8 +18,8 @@ from torch import nn
 
 from lpes.converter import lpes_rope
 from lpes.converter.architectures import architecture_for
-from lpes.errors import LpesError
-from lpes.spec import RopeScheme, Spec, StockRope
+from lpes.foundation.errors import LpesError
+from lpes.foundation.spec import RopeScheme, Spec, StockRope
 
 # model -> its own rotary module, while a stock RoPE stands in for it (kept off the module tree).
 _OWN_ROTARY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

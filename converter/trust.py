@@ -13,8 +13,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from lpes.errors import LpesError
-from lpes.files import read_json_object
+from lpes.foundation.errors import LpesError
+from lpes.foundation.files import read_json_object
 
 MODELING = "modeling_lpes.py"
 ROPE = "lpes_rope.py"
@@ -32,7 +32,7 @@ def check_hub_code(folder: Path) -> None:
     """
     from lpes.converter import lpes_rope
     from lpes.converter.loading import check_weights
-    from lpes.version import __version__
+    from lpes.foundation.version import __version__
 
     folder = Path(folder)
     entries = _auto_map_entries(folder)
@@ -154,7 +154,7 @@ def check_lpes_fields(folder: Path) -> None:
 
     from lpes.converter.architectures import architecture_for
     from lpes.converter.hf_folder import _lpes_config
-    from lpes.spec import load_spec
+    from lpes.foundation.spec import load_spec
 
     path = folder / "config.json"
     data = read_folder_json(path)

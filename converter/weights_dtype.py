@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 from lpes.converter.loading import check_weights
-from lpes.files import read_json_object
+from lpes.foundation.files import read_json_object
 
 # safetensors' dtype names -> lpes's (torch's) names.
 STORED_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}

@@ -32,7 +32,7 @@ import torch
 from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 from lpes.converter import reference
-from lpes.spec import Spec, StockRope
+from lpes.foundation.spec import Spec, StockRope
 from lpes.validation import scoring
 from lpes.validation import tiny_induction as task
 

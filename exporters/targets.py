@@ -15,12 +15,14 @@ A target says, in one class, everything the pipeline and the validation report n
 - `write`: the export itself, into its folder of the staging output;
 - `open`: a greedy runner over a written export, for key-value validation (an
   `exporters.runners.GreedyRunner`; raises `RunnerUnavailable` where this machine cannot run it);
+- `check_received_file`: what a received folder's file that its runtime reads may name (exporters/received.py);
 - `export_dtype`: the precision the export was written in (its disagreement allowance).
 
-Built-in targets live in `exporters/target_*.py` and are found by that name, so
-adding a target is one new file (or, in a test, one registered class): how to run what it
-writes lives beside it (`exporters/onnx_runner.py` for `target_onnx.py`, ...), and the rest of
-lpes (the pipeline, validation, the plots, the CLI) reaches it through this class only.
+Each built-in target is a folder of exporters/ (`hf/`, `onnx/`, `tensorrt/`, `genai/`) whose `target.py`
+holds its class, found by that name: adding a target is one new folder (or, in a test, one registered
+class). What writes it, how it runs and what a received copy of it may name live in the same folder
+(`onnx/export.py`, `onnx/runner.py`, `onnx/received.py`, ...), and the rest of lpes (the pipeline,
+validation, the plots, the CLI) reaches it through this class only.
 """
 
 from __future__ import annotations
@@ -34,9 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
-from lpes.errors import LpesError
 from lpes.exporters.runners import GreedyRunner
-from lpes.spec import Spec
+from lpes.foundation.errors import LpesError
+from lpes.foundation.spec import Spec
 
 
 class RunnerUnavailable(Exception):
@@ -168,6 +170,11 @@ class Target:
         raise RunnerUnavailable(f"lpes has no runner for {cls.name} exports")
 
     @classmethod
+    def check_received_file(cls, path: Path) -> None:
+        """Before any runtime opens a received folder (exporters/received.py): LpesError (one line) if `path`, one
+        of its files that this target's runtime reads, names code to load or a file outside the folder."""
+
+    @classmethod
     def export_dtype(cls, folder: Path, run: RunContext) -> str:
         """The precision the export in `folder` was written in."""
         return "float32"
@@ -199,14 +206,15 @@ def registry() -> dict[str, type[Target]]:
 
 
 def _load_builtins() -> None:
+    """Import `target.py` of every folder of exporters/ (one folder per target): its class registers itself."""
     global _BUILTINS_LOADED
     if _BUILTINS_LOADED:
         return
     import lpes.exporters as package
 
-    for module in pkgutil.iter_modules(package.__path__):
-        if module.name.startswith("target_"):
-            importlib.import_module(f"{package.__name__}.{module.name}")
+    for folder in pkgutil.iter_modules(package.__path__):
+        if folder.ispkg and importlib.util.find_spec(f"{package.__name__}.{folder.name}.target") is not None:
+            importlib.import_module(f"{package.__name__}.{folder.name}.target")
     _BUILTINS_LOADED = True
 
 

@@ -6,9 +6,9 @@
     lpes.convert("lpes-tiny-kv", spec, "out", targets=["hf", "onnx"])
 """
 
-from lpes.errors import LpesError
-from lpes.spec import Curve, RopeScheme, Spec, dump_spec, load_spec
-from lpes.version import __version__
+from lpes.foundation.errors import LpesError
+from lpes.foundation.spec import Curve, RopeScheme, Spec, dump_spec, load_spec
+from lpes.foundation.version import __version__
 
 
 def apply(model, spec: Spec):

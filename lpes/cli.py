@@ -12,7 +12,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from lpes.errors import ArgumentParser, LpesError, run_command, shown
+from lpes.foundation.commands import ArgumentParser, run_command
+from lpes.foundation.errors import LpesError, shown
 
 # Exit status per verdict (validation.report): a check that did not run is not a pass.
 EXIT_STATUS = {"passed": 0, "failed": 1, "not validated": 3}
@@ -174,12 +175,13 @@ def _validate_parser() -> argparse.ArgumentParser:
 
 
 def _validate(argv: list[str] | None) -> int:
-    from lpes.converter.loading import DEFAULT_MODEL, load_config, resolve_model, searched_elsewhere
+    from lpes.converter.fingerprint import searched_elsewhere
+    from lpes.converter.loading import DEFAULT_MODEL, load_config, resolve_model
     from lpes.converter.trust import check_hub_code
     from lpes.converter.weights_dtype import dtype_note
-    from lpes.devices import check_device, default_dtype
     from lpes.exporters.received import check_received_folder
-    from lpes.search.run import check_answer_tokens
+    from lpes.foundation.devices import check_device, default_dtype
+    from lpes.search.options import check_answer_tokens
     from lpes.validation.report import find_spec, resolve_task, validate
     from lpes.validation.report_room import check_report_room
 
@@ -267,14 +269,14 @@ def _generate(argv: list[str] | None) -> int:
 
 
 def _search(argv: list[str] | None) -> int:
-    from lpes.search.cli import main
+    from lpes.search_cli import main
 
     return main(argv)
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
     """The argument parser of one command (`lpes-convert`, ...): what its --help shows and what it accepts."""
-    from lpes.search.cli import build_parser as search_parser
+    from lpes.search_cli import build_parser as search_parser
 
     builders = {"lpes-convert": _convert_parser, "lpes-validate": _validate_parser,
                 "lpes-generate": _generate_parser, "lpes-search": search_parser}

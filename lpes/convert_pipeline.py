@@ -5,8 +5,8 @@ in about a second, before any heavy work. `execute` writes every target into a
 hidden staging folder next to the output, validates, and only then renames the
 staging folder into place, so an interrupted run leaves nothing half-written.
 
-The targets are the registered classes of `lpes.exporters.targets` (one file each,
-`exporters/target_*.py`); this module names none of them.
+The targets are the registered classes of `lpes.exporters.targets` (one folder each,
+`exporters/*/target.py`); this module names none of them.
 """
 
 from __future__ import annotations
@@ -18,21 +18,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lpes.converter.loading import (
-    check_dtype,
-    load_config,
-    model_fingerprint,
-    model_label,
-    resolve_model,
-    searched_elsewhere,
-)
+from lpes.converter.fingerprint import model_fingerprint, searched_elsewhere
+from lpes.converter.loading import check_dtype, load_config, model_label, resolve_model
 from lpes.converter.reference import check_layout, check_rope_scheme
 from lpes.converter.weights_dtype import dtype_note
-from lpes.errors import LpesError
 from lpes.exporters.targets import ExportJob, Target, default_targets, parse_targets, targets_where
-from lpes.outputs import check_output_folder, staged_output
-from lpes.preflight import check_folder_room
-from lpes.spec import Spec, load_spec
+from lpes.foundation.errors import LpesError
+from lpes.foundation.outputs import check_output_folder, staged_output
+from lpes.foundation.preflight import check_folder_room
+from lpes.foundation.spec import Spec, load_spec
 
 if TYPE_CHECKING:
     from lpes.validation.report import ValidationReport
@@ -71,7 +65,7 @@ class ConvertPlan:
     chat_template: bool | None = None
     answer_tokens: int | None = None
     shown_model: str = ""  # the model as the user typed it (the commands the report prints name it so)
-    task: Any = None  # validation.report.ResolvedTask: the examples validation scores, resolved at plan time
+    task: Any = None  # validation.task_choice.ResolvedTask: the examples validation scores, resolved at plan time
 
     @property
     def target_names(self) -> list[str]:
@@ -107,8 +101,8 @@ def plan(options: ConvertOptions) -> ConvertPlan:
     out = check_output_folder(options.out, model_path, options.force)
     task = None
     if options.validate:  # a typo in --data, or the search's data file missing, fails now, not after the export
-        from lpes.search.run import check_answer_tokens
-        from lpes.validation.report import check_task_encodes, resolve_task
+        from lpes.search.options import check_answer_tokens
+        from lpes.validation.task_choice import check_task_encodes, resolve_task
 
         check_answer_tokens(options.answer_tokens)
         task = resolve_task(model_path, spec, options.data, options.chat_template, options.answer_tokens)
@@ -145,7 +139,7 @@ def _warn_if_made_for_another_model(spec: Spec, config, model_path: Path, model_
 
 def _with_provenance(spec: Spec, config, model_path: Path, model_name: str) -> Spec:
     """The spec as the output holds it: `model` stays the model it was searched on (this one if it says none)."""
-    from lpes.version import __version__
+    from lpes.foundation.version import __version__
 
     provenance = dict(spec.provenance)
     provenance.setdefault("model", model_fingerprint(config, model_path, model_name))
@@ -157,7 +151,7 @@ def _with_provenance(spec: Spec, config, model_path: Path, model_name: str) -> S
 def execute(plan: ConvertPlan) -> ConvertResult:
     """Run the planned targets in a staging folder, validate, rename into place."""
     result = ConvertResult(plan.out)
-    with staged_output(plan.out, plan.force) as staging:  # lock, staging folder, atomic swap (lpes/outputs.py)
+    with staged_output(plan.out, plan.force) as staging:  # lock, staging folder, atomic swap (foundation/outputs.py)
         for note in plan.notes:  # under the lock: a second run on --out is turned away in one line
             _progress(note)
         run_targets(plan, staging, result)

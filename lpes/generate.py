@@ -5,9 +5,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from lpes.errors import LpesError
-from lpes.exporters.onnx_runner import OrtCausalLM
+from lpes.exporters.onnx.runner import OrtCausalLM
 from lpes.exporters.targets import targets_where
+from lpes.foundation.errors import LpesError
 
 
 def export_folder(folder: Path) -> Path:
@@ -31,7 +31,7 @@ def generate_text(onnx_dir: Path, prompt: str, max_new_tokens: int = 64, provide
     from lpes.converter.loading import load_tokenizer
     from lpes.validation.kv_data import has_chat_template, wrap_chat
     from lpes.validation.scoring import encode_prompt
-    from lpes.validation.tasks import check_vocabulary
+    from lpes.validation.vocabulary import check_vocabulary
 
     onnx_dir = Path(onnx_dir)
     _warn_past_positions(onnx_dir, 0, max_new_tokens)  # --max-new-tokens 1000000000: refused before any work
@@ -51,7 +51,7 @@ def generate_text(onnx_dir: Path, prompt: str, max_new_tokens: int = 64, provide
 def _warn_past_positions(onnx_dir: Path, prompt_tokens: int, max_new_tokens: int) -> None:
     """One line when generation may run past the positions the model was trained on (config.json); LpesError
     past those its scales cover (trained x the largest scale of lpes_spec.json), or past MAX_POSITIONS."""
-    from lpes.files import read_json_object
+    from lpes.foundation.files import read_json_object
 
     path = onnx_dir / "config.json"
     trained = read_json_object(path).get("max_position_embeddings") if path.is_file() else None
@@ -77,7 +77,7 @@ MAX_POSITIONS = 1 << 20
 
 
 def _largest_scale(onnx_dir: Path) -> float:
-    from lpes.spec import load_spec
+    from lpes.foundation.spec import load_spec
 
     path = onnx_dir / "lpes_spec.json"
     try:

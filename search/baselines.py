@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TypedDict
 
-from lpes.errors import LpesError
-from lpes.spec import STOCK_ROPE_TYPES, StockRope
+from lpes.foundation.errors import LpesError
+from lpes.foundation.spec import STOCK_ROPE_TYPES, StockRope
 
 NONE = "none"
 

@@ -42,7 +42,7 @@ import random
 import warnings
 from dataclasses import dataclass
 
-from lpes.errors import LpesError
+from lpes.foundation.errors import LpesError
 from lpes.search.ga import GeneticSearch, Scored, SearchState, _best, _Runner, _selection_key
 from lpes.search.genome import Genome
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from lpes.search.replicas import Candidate, ReplicaPool, SchemeScales
-from lpes.spec import LINEAR_ROPE, RopeScheme
+from lpes.foundation.spec import LINEAR_ROPE, RopeScheme
+from lpes.search.candidates import Candidate, SchemeScales
+from lpes.search.replicas import ReplicaPool
 
 METHODS = ("teacher-forced", "greedy")
 # A backward pass costs about two forward passes (it computes the gradients of activations and of

@@ -11,8 +11,8 @@ import math
 import random
 from dataclasses import dataclass
 
-from lpes.errors import LpesError
-from lpes.spec import MAX_SCALE, MIN_SCALE, Spec
+from lpes.foundation.errors import LpesError
+from lpes.foundation.spec import MAX_SCALE, MIN_SCALE, Spec
 
 MAX_GRID_VALUES = 1000  # a genome's y indexes the grid; a 1e-9 step would allocate billions of values
 

@@ -5,7 +5,7 @@ starts at the best, so the curve found can only match or beat it on calibration.
 control points sit at evenly spaced layer positions x_k = k (L - 1) / d (so layer h
 is read at t_h = h / (L - 1)); what moves is each control point's scale, as u_k = log s_k. The
 per-layer scales are linear in the control scales, s = W exp(u) (W: the Bernstein weights of
-lpes.bezier at each layer, the function a spec applies), so dJ/du = exp(u) * W^T dJ/ds, and
+lpes.foundation.bezier at each layer, the function a spec applies), so dJ/du = exp(u) * W^T dJ/ds, and
 dJ/ds comes from autograd through the one per-layer RoPE (converter/lpes_rope.py, with the
 model's weights frozen; `reference.apply_differentiable`).
 
@@ -37,8 +37,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lpes.bezier import layer_scales
-from lpes.errors import LpesError
+from lpes.foundation.bezier import layer_scales
+from lpes.foundation.errors import LpesError
 from lpes.search.ga import GASettings, Scored, SearchState
 from lpes.search.genome import Curve, SearchSpace
 from lpes.search.objective import weighted
@@ -208,7 +208,7 @@ class GradientSearch:
 
 def _basis(x: list[float], num_layers: int) -> np.ndarray:
     """W with s_h = sum_k W[h, k] s_k for control scales s_k at positions `x`: the spec's own Bezier read-off
-    (lpes.bezier.layer_scales), which is linear in the control scales, applied to each unit vector."""
+    (lpes.foundation.bezier.layer_scales), which is linear in the control scales, applied to each unit vector."""
     columns = []
     for k in range(len(x)):
         points = np.array([[xk, 1.0 if j == k else 0.0] for j, xk in enumerate(x)])
@@ -261,7 +261,7 @@ def backward_bytes(config, batch_tokens: int, longest: int, dtype_bytes: int) ->
 def check_backward_fits(config, lengths: list[int], batch_size: int, dtype_bytes: int,
                         available: int | None) -> int:
     """The estimate for the largest fixed batch; LpesError (one line) where it would not fit in `available`."""
-    from lpes.devices import format_bytes
+    from lpes.foundation.devices import format_bytes
 
     batches = _fixed_batches(lengths, batch_size)
     need = max(backward_bytes(config, len(b) * max(lengths[i] for i in b), max(lengths[i] for i in b), dtype_bytes)

@@ -1,5 +1,9 @@
 """lpes-search as a function: model + calibration data -> best.json (spec), plots, provenance.
 
+`search()` checks its options (options.py), plans (plan.py: everything checked and read before a
+replica loads), then runs: opens the replicas, runs the optimizer's loop, scores the stock
+baselines and the held-out examples, and writes the spec and its plots.
+
 A checkpoint (`<out>.state.json`) is written atomically after every generation; the
 same command run again resumes from it and ends with exactly the result an
 uninterrupted run gives. It is removed once best.json is written.
@@ -9,16 +13,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
-from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
-from lpes.errors import LpesError
-from lpes.files import write_text_atomic
+from lpes.foundation.errors import LpesError
+from lpes.foundation.files import write_text_atomic
+from lpes.foundation.spec import RopeScheme, SearchTask, Spec, StockRope, dump_spec
 from lpes.search.baselines import (
     BaselineResult,
     describe,
@@ -26,131 +29,20 @@ from lpes.search.baselines import (
     scan_stock_baselines,
     scan_stock_objective,
 )
-from lpes.search.fitness import METHODS, ModelEvaluator, UsageMeter
+from lpes.search.fitness import ModelEvaluator, UsageMeter
 from lpes.search.ga import GASettings, GeneticSearch, SearchState
-from lpes.search.genome import ScaleGrid, SearchSpace
-from lpes.search.objective import OBJECTIVES, gold_weights
+from lpes.search.genome import ScaleGrid
+from lpes.search.options import SearchOptions, check_options
+from lpes.search.plan import SearchPlan, gold_count, plan_search
 from lpes.search.progress import StepProgress, clock
-from lpes.search.replicas import ReplicaPool, check_replica_options, open_pool
-from lpes.spec import ROPE_SCHEMES, RopeScheme, SearchTask, Spec, StockRope, dump_spec
+from lpes.search.replicas import ReplicaPool, open_pool
 
-TIES = ("gentle", "first")
-# the papers' genetic algorithm; CMA-ES (search/cma.py); Adam on the curve by autograd (search/gradient.py)
-OPTIMIZERS = ("ga", "cmaes", "gradient")
-GA_POPULATION = 32  # LongRoPE's GA used 64; racing makes a larger one cheap, 32 is enough for 4 points
-DTYPE_CHOICES = ("auto", "float32", "float16", "bfloat16")
-# Sane bounds: beyond them a typo would run for days or allocate without end.
-MAX_POPULATION = 10_000
-MAX_GENERATIONS = 10_000
-MAX_BATCH_SIZE = 4096
 # Where scoring ran changes neither the result nor what may resume it; the spec records the
 # layout apart (provenance["replicas"]), without the machine's addresses or device names.
 _NO_LAYOUT = {"device": None, "ray": None, "replicas": None, "gpus_per_replica": None}
 
 
-@dataclass(frozen=True)
-class SearchOptions:
-    data: str | None = None  # kv:pairs=N,... or FILE.jsonl; None: the model folder's own task
-    # None: the optimizer's own (GA_POPULATION; 6 for CMA-ES, search/cma.py default_population).
-    population: int | None = None
-    generations: int = 20
-    # "cmaes": CMA-ES (search/cma.py), the default by bench/bench_search.py: 11-21x fewer tokens than the
-    # plain GA at the same held-out accuracy on both bundled models; "ga": the papers' genetic algorithm.
-    optimizer: str = "cmaes"
-    # Stop once the best curve has not changed for this many generations (or can no longer change); 0: never.
-    # 10 by bench/bench_search.py: 5 stopped CMA-ES on lpes-tiny-induction one held-out point short.
-    patience: int = 10
-    degree: int = 3  # the papers' cubic curve
-    scale_grid: str = "1:4:0.25"  # covers Ms-PoE's 1.2-1.8 and the 2-4x interpolation of context extension
-    seed: int = 0
-    holdout: int = 100  # held-out examples for accuracy before/after (the paper held out 500)
-    device: str | None = None
-    # auto: float32 on a CPU (half-precision matmuls there are slow and inexact), bfloat16 on a GPU
-    # that has it, else float16 (lpes.devices.default_dtype); provenance records the one used.
-    dtype: str = "auto"
-    method: str = "teacher-forced"
-    # At equal fitness prefer the gentler curve: on the bundled model +4 points held out, at 2.4x the
-    # cost of "first" (each gentler curve of equal fitness must be scored in full; bench/RESULTS.md).
-    ties: str = "gentle"
-    racing: bool = True
-    batch_size: int = 8
-    chat_template: bool = True
-    # Where the replicas run: None (this process) or a Ray address (auto, local, host:port).
-    # Like device, none of these changes the result, so resuming on another layout is allowed.
-    ray: str | None = None
-    replicas: int | None = None  # Ray actors (default: one per gpus_per_replica GPUs, else 1)
-    gpus_per_replica: int = 1  # a replica spans this many GPUs (transformers' device map)
-    # Stock RoPE types scanned as baselines after the search (search/baselines.py), or "none".
-    baselines: str = "yarn,dynamic"
-    # The answer budget (TaskConfig.answer_tokens) over the task's own; None: the task's.
-    answer_tokens: int | None = None
-    # How each layer applies its scale (lpes_rope.py): linear inv_freq / s, or transformers' yarn / dynamic
-    # at factor s, whose uniform curves are the stock baselines of that type.
-    rope_type: str = "linear"
-    # What the optimizer climbs (search/objective.py): Eq. 7's verdicts, or the gold answer's log-likelihood.
-    objective: str = "accuracy"
-    learning_rate: float = 0.1  # --optimizer gradient: Adam's step in log-scale (search/gradient.py)
-
-
-def check_options(options: SearchOptions) -> tuple[ScaleGrid, GASettings]:
-    """Fail in a second on bad settings, before any model is loaded."""
-    from lpes.spec import MAX_DEGREE
-
-    if options.population is not None:
-        _check_range("--population", options.population, 2, MAX_POPULATION)
-    _check_range("--generations", options.generations, 0, MAX_GENERATIONS)
-    _check_range("--patience", options.patience, 0, MAX_GENERATIONS)
-    if options.optimizer not in OPTIMIZERS:
-        raise LpesError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {options.optimizer!r}")
-    _check_objective(options)
-    _check_range("--degree", options.degree, 1, MAX_DEGREE)
-    if options.method not in METHODS:
-        raise LpesError(f"--method must be one of {', '.join(METHODS)}")
-    if options.ties not in TIES:
-        raise LpesError(f"--ties must be one of {', '.join(TIES)}")
-    if options.holdout < 0:
-        raise LpesError(f"--holdout must be >= 0, got {options.holdout}")
-    _check_range("--batch-size", options.batch_size, 1, MAX_BATCH_SIZE)
-    if options.dtype not in DTYPE_CHOICES:
-        raise LpesError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, got {options.dtype!r}")
-    _check_devices(options.device)
-    check_replica_options(options.ray, options.replicas, options.gpus_per_replica, options.device)
-    parse_baselines(options.baselines)
-    check_answer_tokens(options.answer_tokens)
-    grid = ScaleGrid.parse(options.scale_grid)
-    if not grid.values:
-        raise LpesError(f"--scale-grid {options.scale_grid!r} has no values")
-    _check_rope_type(options.rope_type, grid, options.scale_grid)
-    population = resolve_population(options)
-    settings = GASettings(population=population, generations=options.generations,
-                          parents=max(1, population // 2), seed=options.seed, racing=options.racing,
-                          ties=options.ties, patience=options.patience)
-    return grid, settings
-
-
-def _check_objective(options: SearchOptions) -> None:
-    if options.objective not in OBJECTIVES:
-        raise LpesError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {options.objective!r}")
-    if options.objective == "logprob" and options.optimizer == "ga":
-        raise LpesError("--objective logprob works with --optimizer cmaes or gradient; the GA races exact "
-                        "right/wrong counts")
-    if options.optimizer == "gradient" and options.objective != "logprob":
-        raise LpesError("--optimizer gradient climbs the gold answer's likelihood: add --objective logprob "
-                        "(right/wrong verdicts have no gradient)")
-    if not (math.isfinite(options.learning_rate) and 0 < options.learning_rate <= 10):
-        raise LpesError(f"--learning-rate must be in (0, 10], got {options.learning_rate}")
-
-
-def resolve_population(options: SearchOptions) -> int:
-    """--population, or the optimizer's own default."""
-    from lpes.search.cma import default_population
-
-    if options.population is not None:
-        return options.population
-    return GA_POPULATION if options.optimizer == "ga" else default_population(options.degree)
-
-
-def search_loop(plan: _Plan, options: SearchOptions, evaluator: ModelEvaluator, settings: GASettings,
+def search_loop(plan: SearchPlan, options: SearchOptions, evaluator: ModelEvaluator, settings: GASettings,
                 after_generation, step_progress):
     """The search loop of `--optimizer` and `--objective`: the GA or CMA-ES racing verdicts (same racing,
     checkpoints, patience), CMA-ES on the likelihood, or gradient ascent on it."""
@@ -167,57 +59,15 @@ def search_loop(plan: _Plan, options: SearchOptions, evaluator: ModelEvaluator, 
     return GeneticSearch(*args) if options.optimizer == "ga" else CMASearch(*args)
 
 
-def check_answer_tokens(value: int | None) -> None:
-    """--answer-tokens, the same for lpes-search, lpes-validate and lpes-convert."""
-    from lpes.spec import MAX_ANSWER_TOKENS
-
-    if value is not None:
-        _check_range("--answer-tokens", value, 1, MAX_ANSWER_TOKENS)
-
-
-def _check_rope_type(rope_type: str, grid: ScaleGrid, text: str) -> None:
-    if rope_type not in ROPE_SCHEMES:
-        raise LpesError(f"--rope-type must be one of {', '.join(ROPE_SCHEMES)}, got {rope_type!r}")
-    if rope_type != "linear" and min(grid.values) < 1.0:
-        raise LpesError(f"--scale-grid {text!r} with --rope-type {rope_type}: its factors must be >= 1 "
-                        "(below 1 it extends nothing); start the grid at 1 or more")
-
-
-def _check_range(flag: str, value: int, low: int, high: int) -> None:
-    if not low <= value <= high:
-        raise LpesError(f"{flag} must be in {low}..{high}, got {value}")
-
-
-def _check_devices(requested: str | None) -> None:
-    """Every device asked for exists on this machine (cuda on a CPU-only machine fails here, not after loading)."""
-    from lpes.devices import check_device
-
-    for name in (requested or "").split(","):
-        if name.strip():
-            check_device(name.strip())
-
-
-def resolve_dtype(options: SearchOptions) -> str:
-    """The dtype the replicas load: --dtype, or for auto what suits the devices they run on."""
-    from lpes.devices import default_dtype, requested_devices
-
-    if options.dtype != "auto":
-        return options.dtype
-    if options.ray is not None:  # Ray's GPUs are not visible to this process
-        return "float32" if options.device == "cpu" else "bfloat16"
-    chosen = {default_dtype(name) for name in requested_devices(options.device)}
-    return chosen.pop() if len(chosen) == 1 else "float32"  # a CPU among the devices: all in float32
-
-
 def search(model: str, out: str | Path, options: SearchOptions = SearchOptions(), force: bool = False,
            progress: bool = True) -> Spec:
     """Find the curve for `model`; write the spec to `out` and the plots next to it.
 
-    As lpes-convert: one run per `out` at a time (its lock, lpes/outputs.py, which also owns the
+    As lpes-convert: one run per `out` at a time (its lock, foundation/outputs.py, which also owns the
     checkpoint beside it), and every file it writes is checked before any work: names, a test write,
     free space.
     """
-    from lpes.outputs import check_files_beside, check_output_file, locked_output
+    from lpes.foundation.outputs import check_files_beside, check_output_file, locked_output
 
     check_options(options)
     path = check_output_file(out, force)
@@ -229,28 +79,6 @@ def search(model: str, out: str | Path, options: SearchOptions = SearchOptions()
 
 # What lpes-search writes at most: the spec, two plots and the checkpoint (its history grows per generation).
 SEARCH_OUTPUT_BYTES = 16 * 2**20
-
-
-@dataclass
-class _Plan:
-    """Everything a search needs, checked before a replica loads: the model, the scheme, the data, the settings."""
-
-    model: str  # as the user named it
-    out: Path
-    model_path: Path
-    config: Any
-    rope: RopeScheme
-    task: Any  # tasks.TaskConfig, with --answer-tokens applied
-    examples: list  # calibration
-    holdout: list  # held-out examples scored before and after
-    lengths: list[tuple[int, int]]  # per calibration example: prompt tokens, and with the answer's budget
-    tokenizer: Any
-    grid: ScaleGrid
-    space: SearchSpace
-    settings: GASettings
-    dtype: str  # resolved: "auto" never reaches a replica
-    checkpoint: Path
-    weights: list[float]  # per calibration example, its weight in the logprob objective (search/objective.py)
 
 
 @dataclass
@@ -266,7 +94,7 @@ class _Found:
 
 
 def _search(model: str, out: Path, options: SearchOptions, force: bool, progress: bool, room: str) -> Spec:
-    plan = _plan(model, out, options, force)
+    plan = plan_search(model, out, options, force)
     started = time.time()
     # The resolved dtype, not "auto", decides what may resume: float32 and bfloat16 runs score differently.
     state = _resume(plan.checkpoint, replace(options, dtype=plan.dtype), plan.model_path, force)
@@ -279,50 +107,7 @@ def _search(model: str, out: Path, options: SearchOptions, force: bool, progress
     return spec
 
 
-def _plan(model: str, out: Path, options: SearchOptions, force: bool) -> _Plan:
-    """Check the options, the model, the scheme and the data; read the examples and the tokenizer."""
-    from lpes.converter.loading import load_config, model_label, resolve_model
-    from lpes.converter.reference import check_layout, check_rope_scheme
-    from lpes.converter.weights_dtype import dtype_note
-    from lpes.outputs import check_output_file, check_outside_model
-    from lpes.validation.tasks import check_vocabulary, examples_for, task_config
-
-    grid, settings = check_options(options)
-    out = check_output_file(out, force)  # not empty, not a folder, not there without --force (lpes/outputs.py)
-    model_path = resolve_model(model)
-    check_outside_model(out, model_path)
-    config = load_config(model_path)
-    check_layout(config)
-    rope = RopeScheme(options.rope_type).resolved(config)  # YaRN's parameters written out for this model
-    check_rope_scheme(config, rope)  # per-layer yarn/dynamic need a plain RoPE: fail before any loading
-    task = task_config(model_path, options.data)
-    if options.answer_tokens is not None:
-        task = replace(task, answer_tokens=options.answer_tokens)
-    examples = examples_for(task, model_path, use_chat_template=options.chat_template, split="search")
-    if not examples:
-        raise LpesError("the calibration data has no examples")
-    held_out_data = examples_for(task, model_path, use_chat_template=options.chat_template, split="validation")
-    space = SearchSpace(grid, config.num_hidden_layers, options.degree)
-    tokenizer = _tokenizer(model_path)
-    every = examples + held_out_data  # prompts and answers apart: an answer that encodes to nothing is named
-    check_vocabulary(tokenizer, [e.prompt for e in every] + [e.answer for e in every], "--data",
-                     model_label(str(model)))
-    holdout = _held_out_examples(held_out_data, options.holdout)
-    lengths = _lengths(tokenizer, examples)
-    _check_scheme_reaches(config, rope, grid, max(n for _, n in lengths))
-    if options.optimizer == "gradient":
-        from lpes.search.gradient import check_gradient_search
-
-        check_gradient_search(space, rope.linear, options.objective)
-        _check_backward_memory(config, [budget for _, budget in lengths], options)
-    if note := dtype_note(model_path, resolve_dtype(options)):  # weights stored unlike config.json says
-        print(f"lpes-search: {note}", file=sys.stderr)
-    return _Plan(model, out, model_path, config, rope, task, examples, holdout, lengths,
-                 tokenizer, grid, space, settings, resolve_dtype(options), out.with_name(out.name + ".state.json"),
-                 gold_weights([e.gold_index for e in examples]))
-
-
-def _run(plan: _Plan, options: SearchOptions, state: SearchState | None, progress: bool) -> _Found:
+def _run(plan: SearchPlan, options: SearchOptions, state: SearchState | None, progress: bool) -> _Found:
     """Open the replicas; search (the uniform scan first), score the stock baselines and the held-out examples."""
     key = _settings_key(replace(options, dtype=plan.dtype), plan.model_path)
     layers = plan.config.num_hidden_layers
@@ -363,9 +148,10 @@ def _run(plan: _Plan, options: SearchOptions, state: SearchState | None, progres
     return _Found(state, spec, baselines, skipped, held_out, pool.layout)
 
 
-def _provenance(plan: _Plan, options: SearchOptions, found: _Found) -> dict:
+def _provenance(plan: SearchPlan, options: SearchOptions, found: _Found) -> dict:
     """What best.json records of the search: the model, every setting, the data, the run, the baselines."""
-    from lpes.converter.loading import model_fingerprint, model_label
+    from lpes.converter.fingerprint import model_fingerprint
+    from lpes.converter.loading import model_label
     from lpes.validation.report import shareable_data
     from lpes.validation.tasks import portable_description, split_provenance
 
@@ -379,7 +165,7 @@ def _provenance(plan: _Plan, options: SearchOptions, found: _Found) -> dict:
                    "calibration_examples": len(plan.examples),
                    "calibration_data": split_provenance(plan.task, "search"),
                    "held_out_data": split_provenance(plan.task, "validation",
-                                                     -(-len(holdout) // _gold_count(holdout))),
+                                                     -(-len(holdout) // gold_count(holdout))),
                    "fitness": state.parents[0].fitness, "evaluations": state.evaluations,
                    "raced_out": state.raced_out, "duplicates_skipped": state.duplicates_skipped,
                    "forward_tokens": state.forward_tokens, "tokens_to_best_fitness": state.tokens_to_best,
@@ -445,46 +231,6 @@ def _stock_baselines(config, options: SearchOptions, evaluator: ModelEvaluator, 
     return results, skipped
 
 
-def _check_scheme_reaches(config, rope: RopeScheme, grid: ScaleGrid, longest: int) -> None:
-    """Refuse a per-layer search in which every curve is the unscaled model (dynamic NTK within the trained
-    length): it would spend its whole budget to write the model's own RoPE."""
-    trained = getattr(config, "max_position_embeddings", None)
-    if rope.linear or not all(StockRope(rope.rope_type, f).same_as_unscaled(longest, trained) for f in grid.values):
-        return
-    name = {"dynamic": "dynamic NTK", "yarn": "YaRN"}.get(rope.rope_type, rope.rope_type)
-    raise LpesError(f"--rope-type {rope.rope_type}: every calibration example is within the {trained:,} positions "
-                    f"the model was trained for (the longest reaches {longest:,}), where {name} at any factor is the "
-                    "unscaled model; calibrate on longer --data, or use --rope-type linear or yarn")
-
-
-def _check_backward_memory(config, lengths: list[int], options: SearchOptions) -> None:
-    """A gradient search's backward must fit on its device (plan time, before a model is loaded)."""
-    import torch
-
-    from lpes.converter.loading import DTYPES, available_memory
-    from lpes.devices import requested_devices
-    from lpes.search.gradient import check_backward_fits
-
-    if options.ray is not None:  # the actors' machines are not this one
-        return
-    devices = requested_devices(options.device)
-    dtype_bytes = DTYPES[resolve_dtype(options)].itemsize
-    if devices[0].startswith("cuda"):
-        available = min(torch.cuda.mem_get_info(torch.device(d))[0] for d in devices)
-    else:
-        available = available_memory()
-    # `lengths`: prompt + the answer's budget, at least the rows the objective runs (prompt + answer - 1).
-    check_backward_fits(config, lengths, options.batch_size, dtype_bytes, available)
-
-
-def _lengths(tokenizer, examples: list) -> list[tuple[int, int]]:
-    """Per example: prompt tokens, and positions with the answer's budget (the longest a verdict reaches)."""
-    from lpes.validation.scoring import encode_examples
-
-    return [(len(e.prompt_ids), len(e.prompt_ids) + (x.answer_tokens or len(e.answer_ids)))
-            for e, x in zip(encode_examples(tokenizer, examples), examples, strict=True)]
-
-
 def _nothing_scored(pool: ReplicaPool, tokenizer, examples: list, layers: int, options: SearchOptions, task) -> str:
     """The one line a search ends with when no candidate answered a single calibration example."""
     budget = (f"{task.answer_tokens} tokens" if task.answer_tokens is not None
@@ -516,34 +262,6 @@ def _answers_sample(pool: ReplicaPool, tokenizer, examples: list, layers: int, t
     apply(replicas[0].model, Spec.from_scales([1.0] * layers))
     scores = greedy_correct(replicas[0].model, tokenizer, examples, max_new_tokens=tokens)
     return answers_not_value(scores.results, examples, always=always)
-
-
-def _held_out_examples(examples: list, count: int) -> list:
-    """`_across_positions`, saying so in one line when the data holds fewer than --holdout asks for."""
-    if len(examples) < count:
-        per_index = len(examples) // max(1, _gold_count(examples))
-        print(f"lpes-search: --holdout {count}: the held-out data holds {len(examples)} examples ({per_index} per "
-              f"gold index x {_gold_count(examples)}); using {len(examples)}", file=sys.stderr)
-    return _across_positions(examples, count)
-
-
-def _gold_count(examples: list) -> int:
-    return max(1, len({e.gold_index for e in examples}))
-
-
-def _across_positions(examples: list, count: int) -> list:
-    """The first `count` examples taken in turn from each gold position (the data comes grouped by position)."""
-    groups: dict[int, list] = {}
-    for example in examples:
-        groups.setdefault(example.gold_index, []).append(example)
-    interleaved = [e for batch in zip_longest(*groups.values()) for e in batch if e is not None]
-    return interleaved[:count]
-
-
-def _tokenizer(model_path: Path):
-    from lpes.converter.loading import load_tokenizer
-
-    return load_tokenizer(model_path)
 
 
 def _settings_key(options: SearchOptions, model_path: Path) -> str:
@@ -587,7 +305,7 @@ def _score(value: float | None) -> str:
 
 def _held_out(pool: ReplicaPool, examples, best: Spec) -> dict:
     """Greedy accuracy (the benchmark's test) on held-out examples, unscaled and with the found curve."""
-    from lpes.search.replicas import SchemeScales
+    from lpes.search.candidates import SchemeScales
 
     if not examples:
         return {"examples": 0, "unscaled": None, "lpes": None}  # null, not NaN: the spec is JSON
@@ -598,7 +316,7 @@ def _held_out(pool: ReplicaPool, examples, best: Spec) -> dict:
 
 
 def _write_outputs(spec: Spec, state: SearchState, out: Path) -> None:
-    from lpes.plots import plot_curve, plot_fitness
+    from lpes.foundation.plots import plot_curve, plot_fitness
 
     dump_spec(spec, out)
     plot_curve(spec, out.with_name(out.stem + "_curve.png"), title="LPES curve found by lpes-search")

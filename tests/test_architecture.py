@@ -1,112 +1,189 @@
-"""The stages import one way, and a target is one file (docs/architecture.md).
+"""The layers import one way, a module's layer is its folder, and a target is one folder (docs/architecture.md).
 
-    foundation (lpes/: spec, files, errors, ...) <- converter/ <- exporters/ <- validation/ <- search/ <- top
+    foundation/ <- converter/ <- exporters/ <- validation/ <- search/ <- lpes/ (the top: commands, pipeline, API)
 
 Every `import` and `from ... import` of every module is read from its source (the ones inside
-functions too), so a lazy import against the direction fails here as a top-level one does.
+functions too), so a lazy import against the direction fails here as a top-level one does. A
+module's layer is read off the folder it sits in and nothing else: a new file in a folder is in
+that folder's layer, whatever it imports.
 """
 
 from __future__ import annotations
 
 import ast
-import importlib.util
 import json
 import re
+import shutil
+import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
 
+import lpes.exporters
 from lpes.exporters import targets
 
 torch.set_num_threads(1)
 
 ROOT = Path(__file__).resolve().parent.parent
-# The folders of the installed packages (pyproject.toml's package-dir), bottom to top.
-PACKAGES = {"lpes": "lpes", "converter": "lpes.converter", "exporters": "lpes.exporters",
-            "validation": "lpes.validation", "search": "lpes.search"}
-# lpes/ holds both ends: the foundation every stage may use, and the top that may use every stage.
-FOUNDATION = {f"lpes.{name}" for name in
-              ("bezier", "devices", "errors", "files", "interrupts", "outputs", "plots", "preflight", "spec",
-               "version")}
-TOP = {"lpes", "lpes.cli", "lpes.convert_pipeline", "lpes.generate", "lpes.search.cli"}
-LEVELS = {"lpes.converter": 1, "lpes.exporters": 2, "lpes.validation": 3, "lpes.search": 4}
-TOP_LEVEL = 5
+# The layers, bottom to top: one folder each, and the package pyproject.toml's package-dir maps it to.
+LAYERS = {"foundation": "lpes.foundation", "converter": "lpes.converter", "exporters": "lpes.exporters",
+          "validation": "lpes.validation", "search": "lpes.search", "lpes": "lpes"}
+RANK = {folder: rank for rank, folder in enumerate(LAYERS)}
+EXPORTERS, VALIDATION, SEARCH = RANK["exporters"], RANK["validation"], RANK["search"]
 # What validation and search may import of the exporters: the Target interface and the runner it returns.
 TARGET_INTERFACE = {"lpes.exporters", "lpes.exporters.targets", "lpes.exporters.runners"}
 
 
-def modules() -> dict[str, Path]:
+class Module:
+    def __init__(self, name: str, path: Path, layer: str):
+        self.name, self.path, self.layer = name, path, layer
+
+
+def modules(root: Path = ROOT) -> dict[str, Module]:
+    """Every module of the layer folders under `root`, with the layer of the folder it sits in."""
     found = {}
-    for folder, package in PACKAGES.items():
-        for path in sorted((ROOT / folder).rglob("*.py")):
-            parts = [p for p in path.relative_to(ROOT / folder).with_suffix("").parts if p != "__init__"]
-            found[".".join([package, *parts])] = path
+    for folder, package in LAYERS.items():
+        for path in sorted((root / folder).rglob("*.py")):
+            parts = [p for p in path.relative_to(root / folder).with_suffix("").parts if p != "__init__"]
+            name = ".".join([package, *parts])
+            found[name] = Module(name, path, folder)
     return found
 
 
 MODULES = modules()
 
 
-def level(module: str) -> int:
-    if module in TOP:
-        return TOP_LEVEL
-    if module in FOUNDATION:
-        return 0
-    for package, rank in LEVELS.items():
-        if module == package or module.startswith(package + "."):
-            return rank
-    raise AssertionError(f"{module} is in no stage: add it to FOUNDATION or TOP here, and to docs/architecture.md")
-
-
-def imports(module: str, path: Path) -> list[tuple[int, str]]:
-    """(line, imported lpes module) for every import in `path`, top-level or not."""
+def imports(module: Module, known: dict[str, Module]) -> list[tuple[int, str]]:
+    """(line, imported lpes module) for every import in the module's file, top-level or not."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(ast.parse(module.path.read_text(), str(module.path))):
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names if alias.name.split(".")[0] == "lpes"]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:  # relative: from the module's own package
-                package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+                package = module.name.split(".")
+                package = package if module.path.name == "__init__.py" else package[:-1]
                 base = ".".join(package[: len(package) - node.level + 1] + ([node.module] if node.module else []))
             if base.split(".")[0] != "lpes":
                 continue
-            for alias in node.names:  # `from lpes import plots` imports the module lpes.plots
+            for alias in node.names:  # `from lpes.foundation import plots` imports the module lpes.foundation.plots
                 name = f"{base}.{alias.name}"
-                found.append((node.lineno, name if name in MODULES else base))
+                found.append((node.lineno, name if name in known else base))
     return found
 
 
-def test_every_module_of_lpes_is_in_a_stage():
-    assert {m for m in MODULES if m.count(".") == 1 and m.startswith("lpes.") and m.split(".")[1] not in
-            ("converter", "exporters", "validation", "search")} <= FOUNDATION | TOP
-    for module in MODULES:
-        level(module)
+def against_the_direction(root: Path = ROOT) -> list[str]:
+    """`file:line imports module` for every import of a module in a higher layer, or in no layer folder."""
+    known = modules(root)
+    found = []
+    for module in known.values():
+        for line, imported in imports(module, known):
+            where = f"{module.path.relative_to(root)}:{line}"
+            if imported not in known:
+                found.append(f"{where} imports {imported}, which is in no layer folder")
+            elif RANK[known[imported].layer] > RANK[module.layer]:
+                found.append(f"{where} imports {imported}")
+    return found
+
+
+def unpackaged_folders(root: Path = ROOT) -> list[str]:
+    """Folders of the layers that hold Python files but are not a package pyproject.toml installs."""
+    tomllib = pytest.importorskip("tomllib")
+    packages = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {path.parent for folder in LAYERS for path in (root / folder).rglob("*.py")}
+    named = {folder: ".".join([LAYERS[folder.relative_to(root).parts[0]], *folder.relative_to(root).parts[1:]])
+             for folder in folders}
+    return sorted(f"{folder.relative_to(root)} ({name})" for folder, name in named.items()
+                  if name not in packages or not (folder / "__init__.py").is_file())
+
+
+def test_pyproject_maps_each_layer_folder_to_its_package():
+    tomllib = pytest.importorskip("tomllib")
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert setuptools["package-dir"] == {package: folder for folder, package in LAYERS.items()}
+    assert unpackaged_folders() == []
 
 
 def test_no_module_imports_against_the_direction_lazy_imports_included():
-    against = [f"{path.relative_to(ROOT)}:{line} imports {imported}"
-               for module, path in MODULES.items() for line, imported in imports(module, path)
-               if level(imported) > level(module)]
-    assert against == []
+    assert against_the_direction() == []
+
+
+def test_the_readme_pipeline_table_and_the_architecture_tree_list_the_layers_in_order():
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("## The pipeline"):readme.index("Each folder is one stage")]
+    assert re.findall(r"^    (\w+)/ +([\w.]+) ", table, re.M) == list(LAYERS.items())
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    tree = doc[doc.index("## The tree"):doc.index("## Where a new piece goes")]
+    assert re.findall(r"^    (\w+)/ +([\w.]+) ", tree, re.M) == list(LAYERS.items())
+    named = re.findall(r"^      (exporters/)?(\w+)/ ", tree, re.M)
+    assert {name for _, name in named} >= TARGET_FOLDERS
+
+
+# ---- the checks above fail on what they are there to catch (a copy of the tree, with a plant) ----
+
+
+@pytest.fixture
+def tree_copy(tmp_path):
+    """The layer folders' Python files and pyproject.toml, copied: a tree to plant in."""
+    for folder in LAYERS:
+        shutil.copytree(ROOT / folder, tmp_path / folder, ignore=lambda d, names: [
+            n for n in names if not n.endswith(".py") and not (Path(d) / n).is_dir() or n == "__pycache__"])
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    assert against_the_direction(tmp_path) == [] and unpackaged_folders(tmp_path) == []
+    return tmp_path
+
+
+def test_a_planted_import_that_points_the_wrong_way_fails(tree_copy):
+    module = tree_copy / "converter" / "hub.py"
+    lines = module.read_text().splitlines()
+    planted = ["", "", "def planted():", "    from lpes.validation.scoring import score_examples"]
+    module.write_text("\n".join(lines + planted))
+    assert against_the_direction(tree_copy) == [f"converter/hub.py:{len(lines) + 4} imports lpes.validation.scoring"]
+
+
+def test_a_planted_file_in_the_wrong_folder_fails(tree_copy):
+    """Search's code put in the foundation's folder is the foundation's: its imports point the wrong way."""
+    (tree_copy / "foundation" / "best_of.py").write_text("from lpes.search.genome import Genome\n")
+    assert against_the_direction(tree_copy) == ["foundation/best_of.py:1 imports lpes.search.genome"]
+    (tree_copy / "exporters" / "scalesfile").mkdir()
+    (tree_copy / "exporters" / "scalesfile" / "target.py").write_text("import json\n")
+    assert unpackaged_folders(tree_copy) == ["exporters/scalesfile (lpes.exporters.scalesfile)"]
 
 
 def test_validation_and_search_reach_the_exports_through_the_target_interface_only():
-    reached = [f"{path.relative_to(ROOT)}:{line} imports {imported}"
-               for module, path in MODULES.items()
-               if level(module) in (LEVELS["lpes.validation"], LEVELS["lpes.search"])
-               for line, imported in imports(module, path)
-               if level(imported) == LEVELS["lpes.exporters"] and imported not in TARGET_INTERFACE]
+    reached = [f"{module.path.relative_to(ROOT)}:{line} imports {imported}"
+               for module in MODULES.values() if RANK[module.layer] in (VALIDATION, SEARCH)
+               for line, imported in imports(module, MODULES)
+               if MODULES[imported].layer == "exporters" and imported not in TARGET_INTERFACE]
     assert reached == []
 
 
-def test_no_target_file_imports_another():
-    crossed = [f"{path.relative_to(ROOT)}:{line} imports {imported}"
-               for module, path in MODULES.items() if module.startswith("lpes.exporters.target_")
-               for line, imported in imports(module, path)
-               if imported.startswith("lpes.exporters.target_") and imported != module]
+def _target_folder(module: str) -> str | None:
+    """`onnx` for lpes.exporters.onnx.runner; None for what the exporters share (targets, runners, received)."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["lpes", "exporters"] and parts[2] in TARGET_FOLDERS else None
+
+
+TARGET_FOLDERS = {path.parent.name for path in (ROOT / "exporters").glob("*/target.py")}
+
+
+def test_each_target_is_a_folder_named_after_it_holding_its_class():
+    builtin = {name: cls for name, cls in targets.registry().items() if cls.__module__.startswith("lpes.exporters.")}
+    assert {name: cls.__module__ for name, cls in builtin.items()} == {
+        name: f"lpes.exporters.{name}.target" for name in TARGET_FOLDERS}
+
+
+def test_a_target_folder_imports_another_only_when_built_from_it_and_shared_code_none():
+    known = targets.registry()
+    crossed = [f"{module.path.relative_to(ROOT)}:{line} imports {imported}"
+               for module in MODULES.values() if module.layer == "exporters"
+               for line, imported in imports(module, MODULES)
+               if _target_folder(imported) not in (None, _target_folder(module.name))
+               and (_target_folder(module.name) is None
+                    or _target_folder(imported) not in known[_target_folder(module.name)].needs)]
     assert crossed == []
 
 
@@ -122,19 +199,17 @@ def _strings(path: Path) -> list[tuple[int, str]]:
 
 def test_no_code_outside_a_targets_own_files_names_a_target():
     """A target's name and folder ("onnx", "onnx/model.onnx", "OUT/onnx") live in its class: the pipeline,
-    validation, the plots and the CLI read them from the registry. Shared exporter modules count as outside."""
+    validation, the plots and the CLI read them from the registry. What the exporters share counts as outside."""
     names = list(targets.registry())
     alternatives = "|".join(map(re.escape, names))
     as_path = re.compile(r"(?<![\w.-])(" + alternatives + r")/|\b(OUT|DIR)/(" + alternatives + r")\b")
-    shared = {"lpes.exporters", "lpes.exporters.targets", "lpes.exporters.runners", "lpes.exporters.received"}
-    named = [f"{path.relative_to(ROOT)}:{line}: {text[:60]!r}"
-             for module, path in MODULES.items()
-             if not module.startswith("lpes.exporters.") or module in shared
-             for line, text in _strings(path) if text in names or as_path.search(text)]
+    named = [f"{module.path.relative_to(ROOT)}:{line}: {text[:60]!r}"
+             for module in MODULES.values() if _target_folder(module.name) is None
+             for line, text in _strings(module.path) if text in names or as_path.search(text)]
     assert named == []
 
 
-# ---- a made-up target, in a module of its own ----
+# ---- a made-up target, in a folder of its own ----
 
 MADE_UP = '''
 """A made-up target: the scales in a JSON file, run by re-applying them to the base model."""
@@ -165,7 +240,7 @@ class ScalesFile(Target):
         from lpes.converter.loading import load_model
         from lpes.converter.reference import apply
         from lpes.exporters.runners import TorchGreedy
-        from lpes.spec import Spec
+        from lpes.foundation.spec import Spec
 
         written = json.loads((Path(folder) / cls.marker).read_text())
         model = apply(load_model(Path(written["model"])), Spec.from_scales(written["scales"]))
@@ -175,21 +250,28 @@ class ScalesFile(Target):
 
 @pytest.fixture
 def made_up_target(tmp_path, monkeypatch):
-    """The module above, written to a file and imported: registering is all it does to lpes."""
+    """The module above as exporters/scalesfile/target.py, in a folder that lpes.exporters' search path gains:
+    the registry finds it as it finds the built-in ones, and registering is all it does to lpes."""
+    folder = tmp_path / "more_exporters" / "scalesfile"
+    folder.mkdir(parents=True)
+    (folder / "__init__.py").write_text('"""A made-up target."""\n')
+    (folder / "target.py").write_text(textwrap.dedent(MADE_UP))
+    monkeypatch.setattr(lpes.exporters, "__path__", [*lpes.exporters.__path__, str(folder.parent)])
     monkeypatch.setattr(targets, "_REGISTRY", dict(targets.registry()))
-    path = tmp_path / "lpes_scales_target.py"
-    path.write_text(textwrap.dedent(MADE_UP))
-    spec = importlib.util.spec_from_file_location("lpes_scales_target", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.ScalesFile
+    monkeypatch.setattr(targets, "_BUILTINS_LOADED", False)
+    assert "scalesfile" not in targets._REGISTRY
+    yield targets.registry()["scalesfile"]
+    for name in ("lpes.exporters.scalesfile.target", "lpes.exporters.scalesfile"):
+        sys.modules.pop(name, None)
+    if hasattr(lpes.exporters, "scalesfile"):
+        delattr(lpes.exporters, "scalesfile")
 
 
 def test_a_made_up_target_is_converted_validated_plotted_and_reported(made_up_target, tmp_path, monkeypatch,
                                                                       capsys):
-    from lpes import plots
     from lpes.cli import build_parser, convert_main
-    from lpes.spec import Spec, dump_spec
+    from lpes.foundation import plots
+    from lpes.foundation.spec import Spec, dump_spec
 
     drawn = []
     real_save = plots.save_figure

@@ -10,7 +10,7 @@ import torch
 from conftest import tiny_model_dir
 from test_scoring import ScriptedRunner, bpe_tokenizer, load_model
 
-from lpes.errors import LpesError
+from lpes.foundation.errors import LpesError
 from lpes.validation import kv_data, scoring
 from lpes.validation.examples import Example
 from lpes.validation.tasks import task_config

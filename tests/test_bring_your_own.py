@@ -23,8 +23,9 @@ import torch
 from conftest import tiny_model_dir
 
 from lpes.cli import convert_main, generate_main, search_main, validate_main
-from lpes.converter.loading import bundled_models, load_config, model_differences, model_fingerprint
-from lpes.spec import Spec, dump_spec
+from lpes.converter.fingerprint import model_differences, model_fingerprint
+from lpes.converter.loading import bundled_models, load_config
+from lpes.foundation.spec import Spec, dump_spec
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).parents[1]

@@ -21,11 +21,11 @@ from onnx import numpy_helper
 pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed (pip install 'lpes[genai]')")
 
 from lpes.converter.reference import apply  # noqa: E402
-from lpes.errors import LpesError  # noqa: E402
-from lpes.exporters import genai_rope  # noqa: E402
-from lpes.exporters.genai import check_genai, export_genai  # noqa: E402
-from lpes.exporters.genai_runner import GenaiGreedy  # noqa: E402
-from lpes.spec import Spec, load_spec  # noqa: E402
+from lpes.exporters.genai import rope as genai_rope  # noqa: E402
+from lpes.exporters.genai.package import check_genai, export_genai  # noqa: E402
+from lpes.exporters.genai.runner import GenaiGreedy  # noqa: E402
+from lpes.foundation.errors import LpesError  # noqa: E402
+from lpes.foundation.spec import Spec, load_spec  # noqa: E402
 
 PROMPT = [1] + list(range(5, 45))  # 41 positions, so the scales move real angles
 NEW_TOKENS = 32
@@ -151,7 +151,7 @@ def test_per_layer_yarn_package_generates_the_reference_tokens_with_yarns_own_ca
     own rotary module computes them from a config.json that says yarn; layer 1 (factor 1) the builder's."""
     from transformers import AutoModelForCausalLM
 
-    from lpes.spec import RopeScheme
+    from lpes.foundation.spec import RopeScheme
 
     model_dir = genai_model_dir("llama", tmp_path)
     spec = Spec.from_scales(SCALES, rope=RopeScheme("yarn"))
@@ -180,7 +180,7 @@ def test_per_layer_yarn_package_generates_the_reference_tokens_with_yarns_own_ca
 
 
 def test_per_layer_dynamic_ntk_is_refused_in_one_line(tmp_path):
-    from lpes.spec import RopeScheme
+    from lpes.foundation.spec import RopeScheme
 
     model_dir = genai_model_dir("llama", tmp_path)
     with pytest.raises(LpesError, match="cannot run per-layer dynamic NTK .*fixed cos/sin caches") as info:

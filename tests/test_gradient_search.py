@@ -10,11 +10,11 @@ import torch
 from lpes.cli import search_main
 from lpes.converter.loading import load_model, load_tokenizer, resolve_model
 from lpes.converter.reference import apply, apply_differentiable
+from lpes.foundation.spec import Spec
 from lpes.search import gradient as gradient_module
 from lpes.search.fitness import ModelEvaluator
 from lpes.search.gradient import _basis
 from lpes.search.objective import gold_weights
-from lpes.spec import Spec
 from lpes.validation import tiny_kv
 from lpes.validation.examples import Example
 from lpes.validation.scoring import answer_logprob_batches

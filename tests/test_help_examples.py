@@ -228,8 +228,8 @@ def test_tensorrt_without_a_gpu_does_what_readme_and_help_say(tmp_path, monkeypa
     from conftest import tiny_model_dir
 
     from lpes.cli import convert_main
-    from lpes.exporters import tensorrt_build
-    from lpes.spec import Spec, dump_spec
+    from lpes.exporters.tensorrt import build as tensorrt_build
+    from lpes.foundation.spec import Spec, dump_spec
 
     readme = " ".join(README.read_text().split())
     said = re.search(r"keeps the ONNX export and exits (\d)", readme)

@@ -12,7 +12,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from lpes.cli import convert_main
 from lpes.converter.hub import push_folder
 from lpes.converter.reference import apply
-from lpes.spec import Spec, dump_spec
+from lpes.foundation.spec import Spec, dump_spec
 
 SMALL = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=512, pad_token_id=0, bos_token_id=1, eos_token_id=2)

@@ -35,11 +35,11 @@ import torch
 from test_hostile_cli import tree_digest
 
 from lpes.converter.loading import bundled_models
-from lpes.errors import LpesError
+from lpes.foundation.errors import LpesError
 
 CHILD_ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}
 SPEC = {"version": 1, "scales": [1.0, 1.5, 2.0, 1.0]}
-# What lpes's genai export writes (exporters/genai.py through onnxruntime-genai's builder), for a 4-layer model.
+# What lpes's genai export writes (exporters/genai/package.py through onnxruntime-genai's builder), for a 4-layer model.
 GENAI_CONFIG = {
     "model": {
         "bos_token_id": 1, "context_length": 512, "eos_token_id": 2, "pad_token_id": 0, "type": "llama",
@@ -488,7 +488,7 @@ def test_control_the_library_runs_when_genai_opens_the_folder_unchecked(received
     code = f"import onnxruntime_genai as og\ntry:\n    og.Model({str(package)!r})\nexcept Exception:\n    pass\n"
     subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
     assert marker.read_text() == "ran"
-    from lpes.exporters.genai_runner import GenaiGreedy
+    from lpes.exporters.genai.runner import GenaiGreedy
 
     marker.unlink()
     with pytest.raises(LpesError, match="libevil.so is a native library"):
@@ -526,8 +526,8 @@ def test_weights_of_every_layout_match_their_model(model_type, overrides, tmp_pa
 
 
 def test_search_checks_free_space_before_any_work(tmp_path, monkeypatch):
-    from lpes import preflight
     from lpes.cli import search_main
+    from lpes.foundation import preflight
 
     real = shutil.disk_usage
     monkeypatch.setattr(preflight.shutil, "disk_usage", lambda p: real(p)._replace(free=1000))
@@ -544,7 +544,7 @@ def test_search_checks_free_space_before_any_work(tmp_path, monkeypatch):
 
 CHILD = r'''
 import os, sys, time, weakref
-from lpes import outputs
+from lpes.foundation import outputs
 from lpes.converter import hf_folder, loading
 from lpes.cli import convert_main
 
@@ -626,7 +626,7 @@ def test_a_killed_runs_staging_folder_is_reported_by_the_next_command(tmp_path, 
     monkeypatch.setenv("LPES_STATE_DIR", str(state))
 
     (tmp_path / "spec.json").write_text(json.dumps(SPEC))
-    code = ("import os, signal, sys\nfrom lpes import outputs\nfrom lpes.cli import convert_main\n"
+    code = ("import os, signal, sys\nfrom lpes.foundation import outputs\nfrom lpes.cli import convert_main\n"
             "outputs._swap_in = lambda staging, out: os.kill(os.getpid(), signal.SIGKILL)\n"
             "sys.exit(convert_main(sys.argv[1:]))\n")
     argv = ["lpes-tiny-kv", "--curve", str(tmp_path / "spec.json"), "--to", "hf", "--no-validate", "--out",
@@ -653,7 +653,7 @@ def test_a_full_disk_names_the_destination(capsys):
     """A copy that fills the disk reports its source as filename and its destination as filename2."""
     import errno
 
-    from lpes.errors import run_command
+    from lpes.foundation.commands import run_command
 
     def main(argv):
         raise OSError(errno.ENOSPC, "No space left on device", "/model/model.safetensors", None,

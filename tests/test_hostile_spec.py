@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from lpes.errors import LpesError
-from lpes.spec import load_spec
+from lpes.foundation.errors import LpesError
+from lpes.foundation.spec import load_spec
 
 REPO = Path(__file__).resolve().parents[1]
 CURVE = {"control_points": [[0, 4.0], [1, 2.25], [2, 1.25], [3, 1.0]]}

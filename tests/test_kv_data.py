@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import tiny_tokenizer
 
-from lpes.errors import LpesError
+from lpes.foundation.errors import LpesError
 from lpes.validation import kv_data, tasks, tiny_kv
 from lpes.validation.kv_data import KvRecord
 

@@ -12,7 +12,7 @@ import pytest
 
 from lpes.cli import convert_main
 from lpes.converter.model_card import hub_id, model_card
-from lpes.spec import Spec, dump_spec
+from lpes.foundation.spec import Spec, dump_spec
 from lpes.validation import scoring
 from lpes.validation.examples import Example
 from lpes.validation.results import REFERENCE, UNIFORM, UNSCALED, ValidationReport, VariantResult

@@ -1,4 +1,4 @@
-"""ONNX export with a KV cache (exporters/onnx_export.py), run by onnxruntime, held to the PyTorch reference.
+"""ONNX export with a KV cache (exporters/onnx/export.py), run by onnxruntime, held to the PyTorch reference.
 
 The default run exports four tiny models (about 40 s of CPU). The full architecture matrix
 of the acceptance criteria (llama, mistral, qwen2, qwen3, gemma2, phi3, stablelm, mixtral,
@@ -20,16 +20,16 @@ from conftest import EOS_ID, tiny_model_dir
 from lpes.converter.loading import load_model
 from lpes.converter.portable_files import with_legacy_rope
 from lpes.converter.reference import apply
-from lpes.errors import LpesError
-from lpes.spec import RopeScheme, Spec, load_spec
+from lpes.foundation.errors import LpesError
+from lpes.foundation.spec import RopeScheme, Spec, load_spec
 
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
-from lpes.exporters import onnx_export  # noqa: E402
-from lpes.exporters.onnx_export import export_onnx  # noqa: E402
-from lpes.exporters.onnx_parity import check_parity  # noqa: E402
-from lpes.exporters.onnx_runner import OrtCausalLM, check_dtype_supported  # noqa: E402
+from lpes.exporters.onnx import export as onnx_export  # noqa: E402
+from lpes.exporters.onnx.export import export_onnx  # noqa: E402
+from lpes.exporters.onnx.parity import check_parity  # noqa: E402
+from lpes.exporters.onnx.runner import OrtCausalLM, check_dtype_supported  # noqa: E402
 from lpes.generate import generate_text  # noqa: E402
 
 torch.set_num_threads(1)
@@ -305,8 +305,8 @@ def _scheme_export(tmp_path, rope_type: str, num_tokens: int = 16):
 
 def test_per_layer_dynamic_ntk_follows_the_length_in_the_graph(tmp_path):
     """Its base grows with max(position_ids) + 1 in the graph: exact below and above the trained length."""
-    from lpes.exporters.tensorrt_cast import write_cast_onnx
-    from lpes.exporters.tensorrt_ops import check_tensorrt_support
+    from lpes.exporters.tensorrt.cast import write_cast_onnx
+    from lpes.exporters.tensorrt.ops import check_tensorrt_support
 
     model_dir, spec, onnx_dir, meta = _scheme_export(tmp_path, "dynamic")
     assert meta["scaled_inv_freq_constants"] == {"1.0": None, "2.0": None, "3.0": None}  # computed in-graph

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from lpes import plots
-from lpes.spec import Spec
+from lpes.foundation import plots
+from lpes.foundation.spec import Spec
 from lpes.validation import scoring
 from lpes.validation.accuracy_plot import plot_accuracy
 from lpes.validation.examples import Example

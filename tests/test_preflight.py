@@ -85,16 +85,16 @@ def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
 @pytest.fixture
 def scored(monkeypatch) -> list[int]:
     """Counts the calls of lpes-validate's scoring (one per validation that reaches its prompts)."""
-    from lpes.validation import report
+    from lpes.validation import variant_runs
 
     calls: list[int] = []
-    real = report._score_all
+    real = variant_runs.score_all
 
     def counting(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(report, "_score_all", counting)
+    monkeypatch.setattr(variant_runs, "score_all", counting)
     return calls
 
 
@@ -135,7 +135,7 @@ def test_validate_refuses_a_report_name_that_is_a_link(converted, tmp_path, scor
 
 
 def test_validate_refuses_a_full_disk_before_scoring(converted, tmp_path, scored, monkeypatch):
-    from lpes import preflight
+    from lpes.foundation import preflight
     from lpes.cli import validate_main
 
     folder = tmp_path / "dir"
@@ -166,10 +166,10 @@ def test_validate_says_its_plan_line_and_scores(converted, tmp_path, scored):
 
 def test_convert_refuses_a_full_disk_with_the_size_it_needs(spec_file, tmp_path, monkeypatch):
     """hf,onnx of the bundled model: the ONNX export's weights in float32 (and the Hub folder's small files)."""
-    from lpes import preflight
+    from lpes.foundation import preflight
     from lpes.cli import convert_main
     from lpes.converter.loading import parameter_count
-    from lpes.devices import format_bytes
+    from lpes.foundation.devices import format_bytes
 
     real = shutil.disk_usage
     monkeypatch.setattr(preflight.shutil, "disk_usage", lambda p: real(p)._replace(free=1000))

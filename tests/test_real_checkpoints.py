@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import tiny_model_dir
 
-from lpes.spec import Spec, dump_spec
+from lpes.foundation.spec import Spec, dump_spec
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
 from bench_sparse_8b import write_sparse_checkpoint  # noqa: E402

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lpes.converter import real_models
 from lpes.converter.loading import model_label, resolve_model
-from lpes.errors import LpesError
+from lpes.foundation.errors import LpesError
 from lpes.validation import scoring
 from lpes.validation.tasks import load_examples
 

@@ -7,8 +7,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from lpes.converter.reference import apply
-from lpes.errors import LpesError
-from lpes.spec import Spec
+from lpes.foundation.errors import LpesError
+from lpes.foundation.spec import Spec
 
 SMALL = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=512,

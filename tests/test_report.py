@@ -14,9 +14,9 @@ import lpes
 from lpes.converter.hf_folder import write_hf_folder
 from lpes.converter.loading import resolve_model
 from lpes.converter.reference import apply
-from lpes.errors import LpesError
 from lpes.exporters import targets
-from lpes.spec import Spec, StockRope
+from lpes.foundation.errors import LpesError
+from lpes.foundation.spec import Spec, StockRope
 from lpes.validation import report, scoring
 from lpes.validation.examples import Example
 
@@ -35,7 +35,7 @@ def conversion(tmp_path_factory):
     out.mkdir()
     write_hf_folder(model_dir, SPEC, out, "tiny-llama", lpes.__version__)
     try:
-        from lpes.exporters.onnx_export import export_onnx
+        from lpes.exporters.onnx.export import export_onnx
 
         (out / "onnx").mkdir()
         export_onnx(model_dir, SPEC, out / "onnx")
@@ -253,7 +253,7 @@ def test_bundled_model_reference_and_onnx_agree_on_its_own_task(tmp_path):
     """The bundled model's ONNX export answers as its reference does on the model's task (lpes_task.json);
     4 examples per gold index suffice for that (how long a full validation takes is bench/'s business)."""
     model_dir = resolve_model("lpes-tiny-kv")
-    from lpes.exporters.onnx_export import export_onnx
+    from lpes.exporters.onnx.export import export_onnx
 
     spec = Spec.from_scales([2.0, 1.5, 1.0, 1.0])
     (tmp_path / "onnx").mkdir()

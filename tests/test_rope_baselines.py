@@ -16,8 +16,8 @@ from conftest import tiny_config, tiny_model_dir
 from transformers import AutoModelForCausalLM
 
 from lpes.converter.reference import apply, baseline_rope_parameters, stock_rope_unsupported, use_stock_rope
-from lpes.errors import LpesError
-from lpes.spec import Spec, StockRope
+from lpes.foundation.errors import LpesError
+from lpes.foundation.spec import Spec, StockRope
 
 TRAINED = 64  # max_position_embeddings of the test models: every sequence below is longer
 

@@ -23,8 +23,8 @@ from transformers import AutoModelForCausalLM
 from lpes.cli import convert_main
 from lpes.converter.reference import apply
 from lpes.converter.trust import check_hub_code
-from lpes.errors import LpesError
-from lpes.spec import RopeScheme, Spec, dump_spec
+from lpes.foundation.errors import LpesError
+from lpes.foundation.spec import RopeScheme, Spec, dump_spec
 from lpes.validation.checks import rope_check
 
 
@@ -272,7 +272,7 @@ def test_a_per_layer_curve_of_either_scheme_is_custom_code_equal_to_the_referenc
 
 
 def test_a_spec_with_the_scheme_survives_the_folder(tmp_path):
-    from lpes.spec import load_spec
+    from lpes.foundation.spec import load_spec
 
     base = tiny_model_dir("llama", tmp_path, max_position_embeddings=TRAINED)
     out = tmp_path / "out"
@@ -306,7 +306,7 @@ def test_configs_copied_per_layer_are_deep_copies():
 def test_the_shipped_file_and_the_spec_know_the_same_schemes():
     """lpes_rope.py runs with torch and transformers alone, so it keeps its own copy of the scheme table."""
     from lpes.converter import lpes_rope
-    from lpes.spec import ROPE_SCHEMES
+    from lpes.foundation.spec import ROPE_SCHEMES
 
     assert lpes_rope.SCHEMES == ROPE_SCHEMES
     source = open(lpes_rope.__file__).read()

@@ -30,8 +30,8 @@ from test_hostile_cli import evil_code, tree_digest
 from lpes.cli import convert_main
 from lpes.converter.loading import bundled_models, check_weights, load_model
 from lpes.converter.trust import check_hub_code
-from lpes.errors import LpesError
-from lpes.outputs import MARKER
+from lpes.foundation.errors import LpesError
+from lpes.foundation.outputs import MARKER
 
 SPEC_A = [1.0, 1.5, 2.0, 1.0]
 SPEC_B = [1.0, 2.0, 2.0, 1.0]
@@ -312,7 +312,7 @@ def test_two_concurrent_runs_one_wins(made, tmp_path):
 
 CHILD = r'''
 import os, signal, sys, time
-from lpes import outputs
+from lpes.foundation import outputs
 from lpes.cli import convert_main
 
 point, argv = sys.argv[1], sys.argv[2:]

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 from lpes.converter.loading import resolve_model
 from lpes.converter.reference import apply
 from lpes.exporters.runners import torch_left_pad
-from lpes.spec import Spec
+from lpes.foundation.spec import Spec
 from lpes.validation import kv_data, scoring, tiny_kv
 from lpes.validation.examples import Example
 

@@ -154,8 +154,8 @@ def test_a_checkpoint_of_another_optimizer_is_not_resumed():
 
 def test_several_candidates_are_scored_at_once_one_per_replica():
     """ModelEvaluator.correct_many: one job per replica; a job is halved while replicas are left idle."""
+    from lpes.search.candidates import ShareResult
     from lpes.search.fitness import ModelEvaluator
-    from lpes.search.replicas import ShareResult
 
     class Pool:
         size = 4

@@ -9,10 +9,10 @@ from conftest import tiny_model_dir
 from transformers import AutoModelForCausalLM
 
 from lpes.cli import search_main
-from lpes.errors import LpesError
+from lpes.foundation.errors import LpesError
+from lpes.foundation.spec import StockRope, load_spec
 from lpes.search.baselines import parse_baselines, scan_stock_baselines
 from lpes.search.run import SearchOptions, search
-from lpes.spec import StockRope, load_spec
 from lpes.validation import scoring
 from lpes.validation.tasks import examples_for, task_config
 
@@ -137,7 +137,7 @@ def test_a_yarn_search_starts_from_stock_yarn_and_records_it_as_the_baseline(tmp
     """The uniform scan under --rope-type yarn is stock YaRN's scan: the baseline recorded for yarn is its
     best, scored by a config.json that says yarn (loaded by plain transformers), and the curve is never
     below it on calibration."""
-    from lpes.spec import RopeScheme
+    from lpes.foundation.spec import RopeScheme
 
     options = SearchOptions(data="tiny-kv:examples=2,length=512", population=4, generations=1, holdout=2,
                             scale_grid="1:4:1", rope_type="yarn", baselines="yarn")
@@ -189,9 +189,10 @@ def test_a_model_that_cannot_take_the_scheme_is_refused_before_loading(tmp_path,
 
 def test_dynamic_candidates_are_scored_one_example_at_a_time():
     """Per-layer dynamic NTK takes its base from a batch's longest row: each verdict must be the example's own."""
+    from lpes.foundation.spec import RopeScheme
+    from lpes.search.candidates import SchemeScales
     from lpes.search.fitness import ModelEvaluator
-    from lpes.search.replicas import SchemeScales, _batch_size
-    from lpes.spec import RopeScheme
+    from lpes.search.replica import _batch_size
 
     class Pool:
         size = 1

@@ -16,11 +16,13 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 from lpes.converter.loading import load_config, load_model, resolve_model
 from lpes.converter.reference import apply
-from lpes.errors import LpesError
+from lpes.foundation.errors import LpesError
+from lpes.foundation.spec import Spec
 from lpes.search import ga as ga_module
-from lpes.search.replicas import RAY_INSTALL, device_groups, plan_device_map, wait_ready
+from lpes.search.ray_pool import RAY_INSTALL, wait_ready
+from lpes.search.replica import plan_device_map
+from lpes.search.replicas import device_groups
 from lpes.search.run import SearchOptions, search
-from lpes.spec import Spec
 
 # Prompts at twice the bundled model's training length: the unscaled model fails some, so the
 # search has a curve to find; small enough that three searches take seconds.

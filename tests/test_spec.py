@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lpes import bezier
-from lpes.errors import LpesError
-from lpes.files import save_atomic, write_bytes_atomic, write_text_atomic
-from lpes.spec import Spec, dump_spec, load_spec, parse_spec
+from lpes.foundation import bezier
+from lpes.foundation.errors import LpesError
+from lpes.foundation.files import save_atomic, write_bytes_atomic, write_text_atomic
+from lpes.foundation.spec import Spec, dump_spec, load_spec, parse_spec
 
 
 def de_casteljau(points, t):
@@ -126,7 +126,7 @@ def test_the_readme_example_loads(tmp_path):
     (tmp_path / "best.json").write_text(json.dumps(example))
     spec = load_spec(tmp_path / "best.json")
     assert list(spec.scales) == example["scales"]
-    # The scales are the curve's, computed independently of lpes.bezier (de Casteljau at t = h / 3,
+    # The scales are the curve's, computed independently of lpes.foundation.bezier (de Casteljau at t = h / 3,
     # where B_x(t) = 3t because the control-point x are 0, 1, 2, 3).
     points = example["curve"]["control_points"]
     assert [p[0] for p in points] == [0, 1, 2, 3]
@@ -151,7 +151,7 @@ def test_a_byte_order_mark_is_accepted(tmp_path):
 
 
 def test_the_sane_ranges_include_their_bounds():
-    from lpes.spec import MAX_DEGREE, MAX_LAYERS, MAX_SCALE, MIN_SCALE
+    from lpes.foundation.spec import MAX_DEGREE, MAX_LAYERS, MAX_SCALE, MIN_SCALE
 
     assert Spec.from_scales([MIN_SCALE, 0.5, 1, MAX_SCALE]).scales == (MIN_SCALE, 0.5, 1.0, MAX_SCALE)
     points = [[i, MIN_SCALE if i % 2 else MAX_SCALE] for i in range(MAX_DEGREE + 1)]
@@ -224,7 +224,7 @@ def test_unwritable_destinations_are_one_line(tmp_path):
 
 
 def test_a_file_without_rope_type_is_linear_and_linear_writes_none(tmp_path):
-    from lpes.spec import RopeScheme
+    from lpes.foundation.spec import RopeScheme
 
     (tmp_path / "old.json").write_text(json.dumps({"scales": [1, 2, 3]}))
     assert load_spec(tmp_path / "old.json").rope == RopeScheme("linear")
@@ -236,7 +236,7 @@ def test_a_file_without_rope_type_is_linear_and_linear_writes_none(tmp_path):
 @pytest.mark.parametrize("rope", [("yarn", None, None, None), ("yarn", 16.0, 2.0, 4096), ("yarn", 64.0, None, None),
                                   ("dynamic", None, None, None)], ids=str)
 def test_the_scheme_and_its_parameters_survive_the_round_trip(tmp_path, rope):
-    from lpes.spec import RopeScheme
+    from lpes.foundation.spec import RopeScheme
 
     scheme = RopeScheme(*rope)
     spec = Spec.from_curve([[0, 1.0], [1, 2.5], [3, 4.0]], 4, {"search": {"seed": 1}}, rope=scheme)
@@ -251,7 +251,7 @@ def test_the_scheme_and_its_parameters_survive_the_round_trip(tmp_path, rope):
 def test_yarns_parameters_resolve_to_transformers_defaults_and_the_trained_length():
     from types import SimpleNamespace
 
-    from lpes.spec import RopeScheme
+    from lpes.foundation.spec import RopeScheme
 
     model = SimpleNamespace(max_position_embeddings=2048)
     assert RopeScheme("yarn").resolved(model) == RopeScheme("yarn", 32.0, 1.0, 2048)
@@ -294,7 +294,7 @@ def re_escape(text: str) -> str:
 
 
 def test_a_curve_only_spec_checks_the_schemes_range_when_it_meets_the_model():
-    from lpes.spec import RopeScheme
+    from lpes.foundation.spec import RopeScheme
 
     spec = parse_spec({"rope_type": "yarn", "control_points": [[0, 1.0], [1, 0.5]]})  # no layer count yet
     assert spec.rope == RopeScheme("yarn") and spec.scales is None

@@ -17,7 +17,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from lpes.converter.hf_folder import compose_rope, stock_rope_parameters, write_hf_folder
 from lpes.converter.reference import apply
-from lpes.spec import Spec
+from lpes.foundation.spec import Spec
 
 
 def uses_custom_code(folder: Path) -> bool:

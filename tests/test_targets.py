@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from lpes.cli import convert_main
-from lpes.errors import LpesError
 from lpes.exporters import targets
-from lpes.spec import Spec, dump_spec
+from lpes.foundation.errors import LpesError
+from lpes.foundation.spec import Spec, dump_spec
 
 torch.set_num_threads(1)
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from lpes.errors import LpesError
-from lpes.validation import kv_data, tasks, tiny_kv
+from lpes.foundation.errors import LpesError
+from lpes.validation import kv_data, tasks, tiny_kv, vocabulary
 
 REAL = Path(__file__).parent / "data" / "kv-retrieval-75_keys.first12.jsonl.gz"
 
@@ -153,9 +153,9 @@ def test_task_file_typo_is_named_with_a_hint(tmp_path):
 
 def test_check_vocabulary_names_the_first_unknown_word():
     tokenizer = tiny_kv.build_tokenizer()
-    tasks.check_vocabulary(tokenizer, ["p3_1 f2 q3", "a5"], "--data")  # the task's own words pass
+    vocabulary.check_vocabulary(tokenizer, ["p3_1 f2 q3", "a5"], "--data")  # the task's own words pass
     with pytest.raises(LpesError, match=r"^the prompt: the word 'capital' is not in the model's vocabulary"):
-        tasks.check_vocabulary(tokenizer, ["p3_1 f2 q3", "p3_1 capital France"], "the prompt")
+        vocabulary.check_vocabulary(tokenizer, ["p3_1 f2 q3", "p3_1 capital France"], "the prompt")
 
 
 def test_a_file_description_ending_in_jsonl_gz_is_a_description_and_published_without_its_path():

@@ -1,4 +1,4 @@
-"""TensorRT engines (exporters/tensorrt*.py, exporters/tensorrt_runner.py).
+"""TensorRT engines (exporters/tensorrt*.py, exporters/tensorrt/runner.py).
 
 On CPU (this machine has neither the tensorrt package nor a GPU): the optimization
 profile, the CPU-side operator check, the float16/bfloat16 cast of the float32 export
@@ -25,23 +25,23 @@ import pytest
 import torch
 from conftest import EOS_ID, PAD_ID, tiny_model_dir
 
-from lpes import devices
-from lpes.errors import LpesError
-from lpes.spec import Spec
+from lpes.foundation import devices
+from lpes.foundation.errors import LpesError
+from lpes.foundation.spec import Spec
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
 from onnx import TensorProto, helper  # noqa: E402
 
-from lpes.exporters import tensorrt as trt_export  # noqa: E402
-from lpes.exporters import tensorrt_build  # noqa: E402
-from lpes.exporters.onnx_export import export_onnx  # noqa: E402
-from lpes.exporters.onnx_runner import OrtCausalLM  # noqa: E402
+from lpes.exporters.onnx.export import export_onnx  # noqa: E402
+from lpes.exporters.onnx.runner import OrtCausalLM  # noqa: E402
 from lpes.exporters.runners import left_pad  # noqa: E402
-from lpes.exporters.tensorrt_cast import write_cast_onnx  # noqa: E402
-from lpes.exporters.tensorrt_ops import check_tensorrt_support, find_problems, load_graph  # noqa: E402
-from lpes.exporters.tensorrt_profiles import (  # noqa: E402
+from lpes.exporters.tensorrt import build as tensorrt_build  # noqa: E402
+from lpes.exporters.tensorrt import engine as trt_export  # noqa: E402
+from lpes.exporters.tensorrt.cast import write_cast_onnx  # noqa: E402
+from lpes.exporters.tensorrt.ops import check_tensorrt_support, find_problems, load_graph  # noqa: E402
+from lpes.exporters.tensorrt.profiles import (  # noqa: E402
     Profile,
     add_profile_arguments,
     default_profile,
@@ -454,7 +454,7 @@ def test_an_old_tensorrt_and_a_missing_driver_are_named(monkeypatch):
 
 
 def test_the_runner_says_what_it_needs(tmp_path, monkeypatch):
-    from lpes.exporters.tensorrt_runner import TrtCausalLM
+    from lpes.exporters.tensorrt.runner import TrtCausalLM
 
     monkeypatch.setitem(sys.modules, "tensorrt", None)
     with pytest.raises(LpesError, match="needs the tensorrt package"):
@@ -640,9 +640,9 @@ def test_engine_generates_like_the_reference(export, tmp_path, dtype):
     """The engine's prefill logits and greedy tokens against the PyTorch reference (patched with SPEC)."""
     from lpes.converter.loading import load_model
     from lpes.converter.reference import apply
-    from lpes.exporters.onnx_parity import TOLERANCES
+    from lpes.exporters.onnx.parity import TOLERANCES
     from lpes.exporters.runners import TorchGreedy
-    from lpes.exporters.tensorrt_runner import TrtCausalLM
+    from lpes.exporters.tensorrt.runner import TrtCausalLM
 
     model_dir, onnx_dir = export
     profile = default_profile(MAX_POSITIONS, max_batch=4)

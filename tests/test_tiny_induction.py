@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 from lpes.converter.loading import bundled_models, load_tokenizer
-from lpes.errors import LpesError
+from lpes.foundation.errors import LpesError
 from lpes.validation import scoring, tasks
 from lpes.validation import tiny_induction as task
 

@@ -21,9 +21,9 @@ from transformers import AutoTokenizer
 
 from lpes.cli import convert_main, generate_main, search_main, validate_main
 from lpes.converter.loading import resolve_model
-from lpes.errors import LpesError
-from lpes.spec import Spec, StockRope, dump_spec, parse_spec
-from lpes.validation import report, scoring
+from lpes.foundation.errors import LpesError
+from lpes.foundation.spec import Spec, StockRope, dump_spec, parse_spec
+from lpes.validation import report, scoring, variant_runs
 
 torch.set_num_threads(1)
 # A template in the tiny vocabulary: user turn between w5 and w6, the assistant's turn opened by w7.
@@ -201,7 +201,7 @@ def test_the_time_estimate_is_within_twice_the_measured_time(tmp_path, monkeypat
     import time
 
     measured = {}
-    score_all = report._score_all
+    score_all = variant_runs.score_all
 
     def timed(*args, **kwargs):
         started = time.perf_counter()
@@ -209,7 +209,7 @@ def test_the_time_estimate_is_within_twice_the_measured_time(tmp_path, monkeypat
         measured["seconds"] = time.perf_counter() - started
         return results
 
-    monkeypatch.setattr(report, "_score_all", timed)
+    monkeypatch.setattr(variant_runs, "score_all", timed)
     seconds = {}
     describe = report.checks.describe_estimate
 

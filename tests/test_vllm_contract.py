@@ -27,7 +27,7 @@ from transformers import AttentionInterface, AutoConfig, AutoModel, AutoModelFor
 
 from lpes.cli import convert_main
 from lpes.converter.reference import apply
-from lpes.spec import Spec, dump_spec
+from lpes.foundation.spec import Spec, dump_spec
 
 SCALES = [2.0, 1.0, 3.5]
 SPEC = Spec.from_scales(SCALES)
@@ -165,7 +165,7 @@ def test_base_model_compiles_without_graph_breaks(tmp_path):
 def test_per_layer_yarn_and_dynamic_run_through_the_backend_and_compile(tmp_path, rope_type):
     """A spec's rope_type reaches the folder's LpesModel; the backend's chunk at positions 100.. (past the
     trained 64) gets each layer's RoPE at its factor, eager and compiled in one graph."""
-    from lpes.spec import RopeScheme
+    from lpes.foundation.spec import RopeScheme
 
     spec = Spec.from_scales(SCALES, rope=RopeScheme(rope_type))
     base, out = hub_folder(tmp_path, "llama", spec, max_position_embeddings=64)

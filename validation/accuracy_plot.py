@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lpes import plots
 from lpes.exporters.targets import registry
+from lpes.foundation import plots
 from lpes.validation.results import REFERENCE, UNIFORM, UNSCALED, ValidationReport, VariantResult
 
 _MARKERS = "^v<>ph*"

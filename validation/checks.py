@@ -27,7 +27,7 @@ import torch
 
 from lpes.converter import lpes_rope
 from lpes.converter.architectures import architecture_for
-from lpes.spec import Spec
+from lpes.foundation.spec import Spec
 
 # Share of the available memory the weights (in the reference dtype) may take: the
 # torch variants and each export hold one copy at a time, plus activations.
@@ -75,7 +75,7 @@ def rope_check(config, spec: Spec, positions: int) -> Check:
     rope = None if spec.rope.linear else spec.rope.for_lpes_rope()
     if rope is not None:  # per-layer yarn/dynamic: what a model of this RoPE can take, said in one line
         from lpes.converter.reference import check_rope_scheme
-        from lpes.errors import LpesError
+        from lpes.foundation.errors import LpesError
 
         try:
             check_rope_scheme(config, spec.rope)

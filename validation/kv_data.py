@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lpes.errors import LpesError
-from lpes.files import write_bytes_atomic
+from lpes.foundation.errors import LpesError
+from lpes.foundation.files import write_bytes_atomic
 from lpes.validation.examples import Example
 
 PROMPT_TEMPLATE = (

@@ -17,7 +17,7 @@ Variants, in order:
 
 Every variant decodes greedily on the same examples (`scoring.greedy_correct`). An
 export passes when its greedy output differs from the reference's on no more
-examples than its dtype allows (`MAX_DISAGREEMENT`: none in float32). The report
+examples than its dtype allows (`variant_runs.MAX_DISAGREEMENT`: none in float32). The report
 keeps every example's output per variant, and the prompt of every example on
 which an export disagrees, so a disagreement can be replayed.
 
@@ -27,6 +27,9 @@ Writes into the output folder: `validation.json` (everything), `validation.md`
 rewritten with them, so that its text and the table it embeds agree (left alone when a run that does
 not pass keeps the earlier results). A spec searched on another model or task says so: the report's
 `searched_on`, the baselines' note, and the card name that search instead of "best on calibration".
+
+This module runs the steps in order and writes the report; which task is scored is task_choice.py,
+what runs and how (the variants, whether key-value scoring fits, the scoring itself) variant_runs.py.
 """
 
 from __future__ import annotations
@@ -36,16 +39,15 @@ import shlex
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lpes.devices import check_device, format_bytes
-from lpes.errors import LpesError
-from lpes.exporters.targets import RunContext, RunnerUnavailable, registry, targets_where
-from lpes.files import write_text_atomic
-from lpes.spec import LINEAR_ROPE, Spec, StockRope, load_spec
-from lpes.validation import checks, scoring
+from lpes.exporters.targets import targets_where
+from lpes.foundation.errors import LpesError
+from lpes.foundation.files import write_text_atomic
+from lpes.foundation.spec import Spec, load_spec
+from lpes.validation import checks, scoring, variant_runs
 from lpes.validation.accuracy_plot import plot_accuracy
 from lpes.validation.examples import Example
 from lpes.validation.results import (
@@ -55,21 +57,21 @@ from lpes.validation.results import (
     NOT_VALIDATED,
     PASSED,
     PLOT_FILE,
-    REFERENCE,
-    UNIFORM,
     UNSCALED,
     ValidationReport,
     VariantResult,
 )
+from lpes.validation.task_choice import (
+    ResolvedTask,
+    resolve_task,
+    shareable_data,
+    shown_path,
+    task_line,
+)
+from lpes.validation.variant_runs import BASELINE_NOTE, KvPlan, PlannedVariant
 
-BASELINE_NOTE = "PyTorch, best on calibration"
 SPEC_FILE = "lpes_spec.json"  # what every lpes-convert output keeps beside its export
-# Share of examples on which an export may decode differently from the reference. float32
-# runtimes differ only in rounding, far below the logit gaps of a greedy choice; half
-# precision moves logits by ~1e-3 relative and flips a near-tie now and then.
-MAX_DISAGREEMENT = {"float32": 0.0, "float16": 0.02, "bfloat16": 0.05}
 DEFAULT_MAX_SECONDS = 20 * 60  # key-value scoring longer than this (estimated) is left to lpes-validate
-MAX_ROPE_POSITIONS = 32768  # the RoPE check's positions (it allocates positions x head_dim per scale)
 
 
 def answers_not_value(results: Sequence[scoring.ExampleResult], examples: Sequence[Example],
@@ -151,21 +153,21 @@ def validate(
         task = None
     elif task is None:
         task = resolve_task(model_path, spec, data, chat_template, answer_tokens)
-    exports = _found_exports(out_dir, variants)
-    kv_plan = _plan_kv(model_path, config, examples, task, reference_dtype, max_new_tokens, name)
+    exports = variant_runs.found_exports(out_dir, variants)
+    kv_plan = variant_runs.plan_kv(model_path, config, examples, task, reference_dtype, max_new_tokens, name)
     longest = max(kv_plan.sequence_tokens, default=0) or 64  # the prompts plus the answers' budgets
-    rope = checks.rope_check(config, spec, max(_positions_to_check(config, spec), longest))
+    rope = checks.rope_check(config, spec, max(variant_runs.positions_to_check(config, spec), longest))
     searched_on, baseline_note = _searched_on(spec, model_path, config, name, task)
     rerun = _Rerun(out_dir, shown_dir, shown_model or name, data, chat_template, answer_tokens)
     if kv_plan.skipped is None:
-        planned = _plan_variants(spec, config, longest, exports, baseline_note)
+        planned = variant_runs.plan_variants(spec, config, longest, exports, baseline_note)
         results, kv, setup = _score_kv(model_path, spec, kv_plan, planned, rerun, reference_dtype, device,
                                        batch_size, max_batch_tokens, max_new_tokens, max_seconds, progress)
     else:
         results, kv, setup = [], _kv_not_run(kv_plan, rerun, shown_model or name), None
     report = ValidationReport(name, kv_plan.examples if results else [], results, max_new_tokens, [rope, kv],
                               prompt_tokens=kv_plan.prompt_tokens if results else [],
-                              task=_task_line(task, kv_plan, spec), setup_problem=setup,
+                              task=task_line(task, kv_plan.tokenizer, kv_plan.prompt_tokens), setup_problem=setup,
                               console_paths=rerun.console_paths(), searched_on=searched_on)
     report.warnings += kv_plan.warnings + _answer_warnings(results, kv_plan.examples)
     write_report(report, out_dir)
@@ -180,7 +182,7 @@ def _score_kv(model_path: Path, spec: Spec, kv_plan: KvPlan, planned: list[Plann
     """Score every planned variant (or skip them all over the time budget): the results, the kv check, and
     the setup problem (every variant answered nothing)."""
     started = time.perf_counter()
-    results, estimate, skipped = _score_all(model_path, spec, kv_plan, planned, reference_dtype, device,
+    results, estimate, skipped = variant_runs.score_all(model_path, spec, kv_plan, planned, reference_dtype, device,
                                             batch_size, max_batch_tokens, max_new_tokens, max_seconds, progress)
     if skipped:
         return results, checks.Check("kv", "skipped", f"{skipped}; to run it on a faster machine, or here with no "
@@ -198,7 +200,7 @@ def _kv_not_run(kv_plan: KvPlan, rerun: _Rerun, model: str) -> checks.Check:
         elsewhere = rerun.command(model=TOKENIZER_MODEL)
         return checks.Check("kv", "skipped", f"{kv_plan.skipped}; to run it, name as {TOKENIZER_MODEL} a folder or "
                             f"Hub id of this model that has its tokenizer files: {elsewhere} (or copy them, e.g. "
-                            f"tokenizer.json and tokenizer_config.json, into {_shown_path(model)} and run "
+                            f"tokenizer.json and tokenizer_config.json, into {shown_path(model)} and run "
                             f"{rerun.command()})")
     return checks.Check("kv", "skipped", f"{kv_plan.skipped}; to run it where it fits: {rerun.command()}")
 
@@ -219,7 +221,7 @@ def _searched_on(spec: Spec, model_path: Path, config, name: str,
     """What the curve and its baselines were searched on, where it is not what is validated here (the other
     model's name and/or "another task (DATA)"; None where it is this one, or the spec does not record it), and
     the note the baselines get in the table."""
-    from lpes.converter.loading import other_model_searched
+    from lpes.converter.fingerprint import other_model_searched
 
     model = other_model_searched(spec.searched_model, model_path, config, name)
     other_task = None
@@ -241,163 +243,6 @@ def _rewrite_model_card(out_dir: Path, report: ValidationReport, spec: Spec, con
                                          report.verdict, report.verdict_reason(), searched_on=report.searched_on))
 
 
-# ---- the task ----
-
-
-@dataclass(frozen=True)
-class ResolvedTask:
-    """The examples' task, the chat-template choice, and how they relate to the task the curve was searched on."""
-
-    config: Any  # tasks.TaskConfig
-    chat_template: bool
-    data: str | None  # the description used (None: the model folder's own task)
-    source: str  # "the search's", "--data", "the model's own"
-    searched: Any = None  # spec.SearchTask, or None
-    override: str | None = None  # one line when a flag replaces what the search used
-    other_task: bool = False  # a flag makes it another task than the curve was searched on (not just fewer examples)
-
-
-def resolve_task(model_path: Path, spec: Spec | None, data: str | None = None, chat_template: bool | None = None,
-                 answer_tokens: int | None = None) -> ResolvedTask:
-    """The task validation scores: each of `data`, `chat_template`, `answer_tokens` (the user's flags), where
-    given, over what the spec's search used (`Spec.search_task`), over the model folder's own task.
-
-    LpesError when the search's data cannot be read here (a file that is not where the search read it).
-    """
-    from lpes.validation.tasks import task_config
-
-    searched = spec.search_task if spec is not None else None
-    used = data if data is not None else (searched.data if searched is not None else None)
-    try:
-        config = task_config(model_path, used)
-    except LpesError as err:
-        if data is None and used is not None:
-            raise LpesError(f"the curve was searched on --data {used}, which cannot be read here ({err}); pass "
-                            "--data to validate on it (or on another task)") from None
-        raise
-    if data is None and searched is not None:
-        config = replace(config, answer_tokens=searched.answer_tokens)
-    if answer_tokens is not None:
-        config = replace(config, answer_tokens=answer_tokens)
-    chat = chat_template if chat_template is not None else (searched.chat_template if searched else True)
-    changed, other_task = [], False
-    if searched is not None:
-        if data is not None and data != searched.data:
-            same = _same_task_but_size(model_path, data, searched.data)
-            other_task |= not same
-            changed.append(f"--data {data} (searched on {searched.data or 'the model folder task'}"
-                           f"{': the same task, other example counts' if same else ''})")
-        if chat_template is not None and chat_template != searched.chat_template:
-            other_task = True
-            changed.append(f"chat template {_on(chat_template)} (searched with it {_on(searched.chat_template)})")
-        if answer_tokens is not None and answer_tokens != searched.answer_tokens:
-            other_task = True
-            changed.append(f"--answer-tokens {answer_tokens} (searched with {_budget(searched.answer_tokens)})")
-    override = None
-    if changed:
-        override = f"validating on {'; '.join(changed)}" + (": not the task the curve was searched on"
-                                                             if other_task else "")
-    source = "--data" if data is not None else ("the search's" if searched is not None else "the model's own")
-    return ResolvedTask(config, chat, used, source, searched, override, other_task)
-
-
-def check_task_encodes(model_path: Path, task: ResolvedTask, source: str | None = None) -> None:
-    """The task's prompts and answers encode with the model's tokenizer (`tasks.check_vocabulary`, as lpes-search
-    checks its data), else LpesError in one line: lpes-convert calls it at plan time, before any export.
-    Nothing to check without tokenizer files (key-value scoring is then skipped, and says why)."""
-    from lpes.converter.loading import has_tokenizer, load_tokenizer
-    from lpes.validation.tasks import examples_for
-
-    if not has_tokenizer(model_path):
-        return
-    tokenizer = load_tokenizer(model_path)
-    examples = examples_for(task.config, model_path, tokenizer=tokenizer, use_chat_template=task.chat_template,
-                            split="validation")
-    check_examples_encode(tokenizer, examples, task, source)
-
-
-_TASK_SOURCES = {"--data": "from --data", "the search's": "the task the curve was searched on",
-                 "the model's own": "the model's own task"}
-
-
-def check_examples_encode(tokenizer, examples: Sequence[Example], task: ResolvedTask | None,
-                          source: str | None = None) -> None:
-    """Every prompt and answer of `examples` encodes to tokens; else LpesError naming the tokenizer and the task."""
-    from lpes.validation.tasks import check_vocabulary
-
-    if task is None:
-        what = "the validation examples"
-    elif task.data is None:
-        what = f"validation on the model folder's own task ({task.config.task})"
-    elif task.source == "--data":
-        what = f"validation on --data {shareable_data(task.data)}"
-    else:
-        what = f"validation on {shareable_data(task.data)} ({_TASK_SOURCES.get(task.source, task.source)})"
-    try:
-        check_vocabulary(tokenizer, [e.prompt for e in examples] + [e.answer for e in examples], what, source)
-    except LpesError as err:
-        if task is not None and task.source == "the search's":
-            raise LpesError(f"{err}; pass --data for a task in this model's words") from None
-        raise
-
-
-def _same_task_but_size(model_path: Path, data: str, searched: str | None) -> bool:
-    """The two descriptions give the same task but for how many examples per gold index."""
-    from lpes.validation.tasks import task_config
-
-    try:
-        mine, theirs = task_config(model_path, data), task_config(model_path, searched)
-    except LpesError:
-        return False
-    return replace(mine, examples_per_index=None) == replace(theirs, examples_per_index=None)
-
-
-def _on(flag: bool) -> str:
-    return "on" if flag else "off"
-
-
-def _budget(tokens: int | None) -> str:
-    return "the value's own tokens" if tokens is None else f"{tokens} tokens"
-
-
-def _task_line(task: ResolvedTask | None, kv_plan: KvPlan, spec: Spec) -> str:
-    if task is None:
-        return "examples given by the caller"
-    from lpes.validation.kv_data import has_chat_template
-
-    data = shareable_data(task.data) or f"the model folder's own ({task.config.task})"
-    chat = (_on(task.chat_template) if kv_plan.tokenizer is None or has_chat_template(kv_plan.tokenizer)
-            else "none (the tokenizer has none)")
-    line = f"{data} ({task.source} task), chat template {chat}, answer budget {_budget(task.config.answer_tokens)}"
-    if kv_plan.prompt_tokens:
-        line += f", prompts of {_span(min(kv_plan.prompt_tokens), max(kv_plan.prompt_tokens))} tokens"
-    searched = task.searched.prompt_tokens if task.searched is not None else None
-    if searched:
-        line += f" (the search's: {_span(*searched)})"
-    return line
-
-
-def _span(low: int, high: int) -> str:
-    return str(low) if low == high else f"{low}-{high}"
-
-
-def shareable_data(data: str | None) -> str | None:
-    """--data as a published file may hold it: a relative file path as given (convert and validate, run
-    where the search ran, read the same file), an absolute one by its name alone (no path of this machine)."""
-    from lpes.validation.tasks import _is_description
-
-    if data is None:
-        return None
-    if not _is_description(data):
-        return _shown_path(data)
-    task, _, rest = data.partition(":")
-    items = [f"file={_shown_path(item.strip()[5:])}" if item.strip().startswith("file=") else item
-             for item in rest.split(",")]
-    return f"{task}:{','.join(items)}"
-
-
-def _shown_path(path: str) -> str:
-    return Path(path).name if Path(path).expanduser().is_absolute() else path
 
 
 @dataclass
@@ -416,7 +261,7 @@ class _Rerun:
 
     def command(self, model: str | None = None) -> str:
         """The published command (with another `model`: that one's); remembers its console form."""
-        published = self._words(_shown_path, model or self.model)
+        published = self._words(shown_path, model or self.model)
         self._console[published] = self._words(str, model or self.model)
         return published
 
@@ -426,7 +271,7 @@ class _Rerun:
     def _words(self, shown, model: str) -> str:
         words = ["lpes-validate", shown(str(self.shown_dir or self.out_dir)), "--model", shown(model)]
         if self.data is not None:
-            words += ["--data", shareable_data(self.data) if shown is _shown_path else self.data]
+            words += ["--data", shareable_data(self.data) if shown is shown_path else self.data]
         if self.chat_template is not None:
             words.append("--chat-template" if self.chat_template else "--no-chat-template")
         if self.answer_tokens is not None:
@@ -442,230 +287,6 @@ def _setup_problem(results: list[VariantResult], examples: int) -> str | None:
     return (f"every variant answered 0 of {examples} examples: the task as set up does not fit this model (prompt "
             "format, chat template, answer budget), so this measured nothing about the curve; see the answers "
             "in validation.json, and try --answer-tokens 100, the other chat-template setting or other --data")
-
-
-# ---- what runs, and whether it fits ----
-
-
-@dataclass
-class KvPlan:
-    skipped: str | None  # why key-value scoring does not run here; None: it runs
-    tokenizer: Any = None
-    examples: list[Example] = field(default_factory=list)
-    prompt_tokens: list[int] = field(default_factory=list)  # per example
-    sequence_tokens: list[int] = field(default_factory=list)  # per example: prompt + answer budget
-    warnings: list[str] = field(default_factory=list)
-    tokenizer_missing: bool = False
-
-
-@dataclass
-class PlannedVariant:
-    """A torch variant or an export, what it runs with, and whether another variant already gives its answers."""
-
-    name: str
-    kind: str  # "unscaled", "uniform", "stock", "reference", "export"
-    scales: tuple[float, ...] | None = None
-    rope: StockRope | None = None
-    folder: Path | None = None
-    note: str = ""
-    baseline: bool = False
-    same_as: str | None = None
-    skipped: str | None = None  # why it cannot run (a stock type this model cannot take)
-    one_at_a_time: bool = False
-
-
-def _positions_to_check(config, spec: Spec) -> int:
-    """Every position the model is used at: its trained length times the largest scale (capped)."""
-    trained = int(getattr(config, "max_position_embeddings", 0) or 4096)
-    return min(MAX_ROPE_POSITIONS, max(trained, int(trained * max(spec.scales))))
-
-
-def _plan_kv(model_path: Path, config, examples, task: ResolvedTask | None, dtype, max_new_tokens,
-             source: str | None = None) -> KvPlan:
-    """Whether key-value scoring can run here: a tokenizer and memory for the weights; the examples."""
-    from lpes.converter.loading import DTYPES, available_memory, has_tokenizer, load_tokenizer, parameter_count
-
-    if not has_tokenizer(model_path):
-        return KvPlan(f"{Path(model_path).name} has no tokenizer files, so no prompts can be built",
-                      tokenizer_missing=True)
-    needed = parameter_count(model_path) * DTYPES[dtype].itemsize
-    available = available_memory()
-    if available is not None and needed > checks.MEMORY_SHARE * available:
-        return KvPlan(f"the weights take {format_bytes(needed)} in {dtype}; this machine has "
-                      f"{format_bytes(available)} available")
-    tokenizer = load_tokenizer(model_path)
-    if examples is None:
-        from lpes.validation.tasks import examples_for
-
-        examples = examples_for(task.config, model_path, tokenizer=tokenizer, use_chat_template=task.chat_template,
-                                split="validation")
-    examples = list(examples)
-    if not examples:
-        raise LpesError("validation needs at least one example")
-    check_examples_encode(tokenizer, examples, task, source)  # one line, before any model is loaded
-    encoded = scoring.encode_examples(tokenizer, examples)
-    prompts = [len(e.prompt_ids) for e in encoded]
-    budgets = [max_new_tokens or x.answer_tokens or len(e.answer_ids) for x, e in zip(examples, encoded)]
-    plan = KvPlan(None, tokenizer, examples, prompts, [p + b for p, b in zip(prompts, budgets)])
-    searched = task.searched.prompt_tokens if task is not None and task.searched is not None else None
-    if searched and not 0.8 * searched[1] <= max(prompts) <= 1.25 * searched[1]:
-        plan.warnings.append(f"the prompts are {_span(min(prompts), max(prompts))} tokens, the curve was searched "
-                             f"on {_span(*searched)}: a curve is found for one length")
-    return plan
-
-
-def _plan_variants(spec: Spec, config, longest: int, exports, baseline_note: str = "") -> list[PlannedVariant]:
-    """The unscaled model, the baselines, the curve, the exports; each torch variant that computes what an
-    earlier one computes (scale 1 everywhere, YaRN at 1, dynamic NTK within the trained length) is scored once."""
-    from lpes.converter.reference import stock_rope_unsupported
-
-    baseline_note = baseline_note or BASELINE_NOTE
-    layers = len(spec.scales)
-    planned = [PlannedVariant(UNSCALED, "unscaled", (1.0,) * layers)]
-    same = "identical to the unscaled model, scored once"
-    uniform = spec.best_uniform_scale
-    if uniform is not None:  # the baselines a per-layer curve must beat, found by lpes-search
-        planned.append(PlannedVariant(f"{UNIFORM} s={uniform:g}", "uniform", (uniform,) * layers,
-                                      note=baseline_note + (f"; {same}" if uniform == 1.0 else ""), baseline=True,
-                                      same_as=UNSCALED if uniform == 1.0 else None))
-    trained = getattr(config, "max_position_embeddings", None)
-    for rope in spec.stock_baselines:
-        why = stock_rope_unsupported(config, rope.rope_type)  # a spec searched on another model
-        if why:
-            planned.append(PlannedVariant(rope.name, "stock", rope=rope, note=why, baseline=True, skipped=why))
-            continue
-        if rope.same_as_unscaled(longest, trained):
-            where = f" on prompts within its {trained} trained positions" if rope.length_dependent else ""
-            planned.append(PlannedVariant(rope.name, "stock", rope=rope, baseline=True, same_as=UNSCALED,
-                                          note=f"{baseline_note}; {same}{where}"))
-            continue
-        note = f"{baseline_note}, one example at a time" if rope.length_dependent else baseline_note
-        planned.append(PlannedVariant(rope.name, "stock", rope=rope, note=note, baseline=True,
-                                      one_at_a_time=rope.length_dependent))
-    twin = next((v.name for v in planned if v.scales == tuple(spec.scales) and v.same_as is None), None)
-    single = spec.rope.length_dependent  # per-layer dynamic NTK: each example's own length, as its stock twin
-    if not spec.rope.linear:  # the scales are yarn/dynamic factors (lpes_rope): YaRN at 1 alone is unscaled
-        twin = UNSCALED if spec.rope.rope_type == "yarn" and set(spec.scales) == {1.0} else None
-    note = f"{twin} everywhere: scored once" if twin else ("" if spec.rope.linear else f"per-layer {spec.rope.name}")
-    planned.append(PlannedVariant(REFERENCE, "reference", tuple(spec.scales), same_as=twin, note=note,
-                                  one_at_a_time=single))
-    planned += [PlannedVariant(name, "export", folder=folder, one_at_a_time=single) for name, folder in exports]
-    return planned
-
-
-def _score_all(model_path, spec, kv_plan: KvPlan, planned: list[PlannedVariant], reference_dtype, device,
-               batch_size, max_batch_tokens, max_new_tokens, max_seconds, progress):
-    """Load the model, time a probe batch, and score every variant if the estimate fits `max_seconds`.
-
-    Returns (results, estimate text, why skipped or None).
-    """
-    import torch
-    from tqdm.auto import tqdm
-
-    from lpes.converter.loading import load_model
-    from lpes.converter.reference import apply, use_stock_rope
-
-    tokenizer, examples = kv_plan.tokenizer, kv_plan.examples
-    where = torch.device(check_device(device))
-    model = load_model(Path(model_path), reference_dtype).to(where)
-    eos = scoring.eos_token_ids(model, tokenizer) or None  # the exports' runners get the same stop tokens
-    scored = [v for v in planned if v.same_as is None and v.skipped is None]
-    probe = checks.probe(model, tokenizer, examples, kv_plan.sequence_tokens, batch_size, max_batch_tokens,
-                         max_new_tokens, eos, single=any(v.one_at_a_time for v in scored))
-    seconds = sum(checks.estimate_seconds(probe, kv_plan.prompt_tokens, kv_plan.sequence_tokens,
-                                          1 if v.one_at_a_time else batch_size, max_batch_tokens) for v in scored)
-    estimate = checks.describe_estimate(seconds, probe, where.type)
-    if max_seconds is not None and seconds > max_seconds:
-        del model
-        return [], estimate, (f"{len(examples)} examples x {len(scored)} variants would take {estimate}, over the "
-                              f"{checks.format_seconds(max_seconds)} budget")
-    bar = tqdm(total=len(examples) * len(scored), desc="lpes-validate", unit="example", disable=not progress)
-
-    def score(name: str, runner, one_at_a_time: bool = False) -> scoring.Scores:
-        bar.set_postfix_str(name)
-        return scoring.greedy_correct(runner, tokenizer, examples, 1 if one_at_a_time else batch_size, max_new_tokens,
-                                      progress=bar.update, eos_token_id=eos, max_batch_tokens=max_batch_tokens)
-
-    results: list[VariantResult] = []
-    by_name: dict[str, VariantResult] = {}
-    run = RunContext(reference_dtype, str(where), scoring.pad_token_id(None, tokenizer))
-    reference: VariantResult | None = None
-    for v in planned:
-        if v.kind == "export" and model is not None:
-            del model  # one copy of the weights at a time: the exports load their own
-            model = None
-        if v.skipped is not None:
-            result = VariantResult(v.name, "skipped", note=v.skipped, baseline=v.baseline)
-        elif v.same_as is not None:
-            result = VariantResult(v.name, "ok", by_name[v.same_as].scores, v.note, baseline=v.baseline,
-                                   same_as=v.same_as)
-        elif v.kind == "export":
-            result = _score_export(v.name, v.folder, reference, run, eos, score, v.one_at_a_time)
-            if result.status != "ok":
-                bar.update(len(examples))
-        else:
-            if v.kind == "stock":
-                use_stock_rope(model, v.rope)
-            else:  # the curve under the spec's scheme; the uniform baseline is linear
-                apply(model, Spec.from_scales(list(v.scales), rope=spec.rope if v.kind == "reference" else LINEAR_ROPE))
-            if v.kind == "unscaled":  # the probe batch was scored unscaled: the others only
-                bar.set_postfix_str(v.name)
-                bar.update(len(probe.example_ids))
-                rest = [i for i in range(len(examples)) if i not in set(probe.example_ids)]
-                scores = checks.merge_scores(probe, _score_some(model, tokenizer, examples, rest, batch_size,
-                                                                max_new_tokens, eos, max_batch_tokens, bar.update),
-                                             rest)
-            else:
-                scores = score(v.name, model, v.one_at_a_time)
-            result = VariantResult(v.name, "ok", scores, v.note, baseline=v.baseline)
-        if v.kind == "reference":
-            reference = result
-        by_name[v.name] = result
-        results.append(result)
-    bar.close()
-    return results, estimate, None
-
-
-def _score_some(model, tokenizer, examples, ids: list[int], batch_size, max_new_tokens, eos, max_batch_tokens,
-                progress) -> scoring.Scores:
-    """Greedy scores of the examples `ids` only (numbered by their place in `ids`)."""
-    if not ids:
-        return scoring.Scores((), 0)
-    return scoring.greedy_correct(model, tokenizer, [examples[i] for i in ids], batch_size, max_new_tokens,
-                                  progress=progress, eos_token_id=eos, max_batch_tokens=max_batch_tokens)
-
-
-def _score_export(name, folder, reference: VariantResult, run: RunContext, eos, score,
-                  one_at_a_time: bool = False) -> VariantResult:
-    target = registry()[name]
-    try:
-        opened = target.open(folder, run)
-    except RunnerUnavailable as why:
-        return VariantResult(name, "skipped", note=str(why))
-    scores = score(name, opened.runner, one_at_a_time)
-    differ = [
-        r.example_id
-        for r, ref in zip(scores.results, reference.scores.results, strict=True)
-        if r.generated != ref.generated
-    ]
-    # Held to the looser of the two precisions: a bfloat16 reference flips near-ties too.
-    share = max(MAX_DISAGREEMENT.get(opened.dtype, 0.0), MAX_DISAGREEMENT.get(run.reference_dtype, 0.0))
-    allowed = int(share * len(scores.results))
-    return VariantResult(name, "ok", scores, opened.note, opened.dtype, differ, allowed)
-
-
-def _found_exports(out_dir: Path, names: Sequence[str] | None) -> list[tuple[str, Path]]:
-    targets = registry()
-    if names is not None:
-        unknown = [n for n in names if n not in targets]
-        if unknown:
-            raise LpesError(f"unknown variant {unknown[0]!r} (known: {', '.join(targets)})")
-    found = []
-    for name, target in targets.items():
-        folder = target.find(out_dir)
-        if folder is not None and (names is None or name in names):
-            found.append((name, folder))
-    return found
 
 
 def find_spec(out_dir: Path) -> Spec:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lpes.preflight import check_room
+from lpes.foundation.preflight import check_room
 from lpes.validation.results import JSON_FILE, MARKDOWN_FILE, PLOT_FILE
 
 MODEL_CARD = "README.md"  # rewritten with the validation when it is an lpes model card

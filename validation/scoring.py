@@ -58,8 +58,8 @@ from dataclasses import dataclass
 
 import torch
 
-from lpes.errors import LpesError
 from lpes.exporters.runners import TorchGreedy, model_device, torch_left_pad
+from lpes.foundation.errors import LpesError
 from lpes.validation.examples import Example
 
 Progress = Callable[[int], None]  # called with the number of examples just scored

@@ -28,7 +28,7 @@ def lpes_examples(folder: str | Path, data: str | None = None, chat_template: bo
                   answer_tokens: int | None = None, base_model: str | None = None) -> list[dict[str, Any]]:
     """lpes-validate's examples for `folder`, in its order, each with its answer budget (`max_gen_toks`)."""
     from lpes.converter.loading import DEFAULT_MODEL, load_tokenizer, resolve_model
-    from lpes.errors import LpesError
+    from lpes.foundation.errors import LpesError
     from lpes.validation.report import find_spec, resolve_task
     from lpes.validation.tasks import examples_for
 

@@ -1,0 +1,151 @@
+"""Planning a search: the options, the model, the RoPE scheme and the data checked, and the examples and the
+tokenizer read, before a replica loads a weight (`plan_search` -> `SearchPlan`, which search/run.py runs)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, replace
+from itertools import zip_longest
+from pathlib import Path
+from typing import Any
+
+from lpes.foundation.errors import LpesError
+from lpes.foundation.spec import RopeScheme, StockRope
+from lpes.search.ga import GASettings
+from lpes.search.genome import ScaleGrid, SearchSpace
+from lpes.search.objective import gold_weights
+from lpes.search.options import SearchOptions, check_options, resolve_dtype
+
+
+@dataclass
+class SearchPlan:
+    """Everything a search needs, checked before a replica loads: the model, the scheme, the data, the settings."""
+
+    model: str  # as the user named it
+    out: Path
+    model_path: Path
+    config: Any
+    rope: RopeScheme
+    task: Any  # tasks.TaskConfig, with --answer-tokens applied
+    examples: list  # calibration
+    holdout: list  # held-out examples scored before and after
+    lengths: list[tuple[int, int]]  # per calibration example: prompt tokens, and with the answer's budget
+    tokenizer: Any
+    grid: ScaleGrid
+    space: SearchSpace
+    settings: GASettings
+    dtype: str  # resolved: "auto" never reaches a replica
+    checkpoint: Path
+    weights: list[float]  # per calibration example, its weight in the logprob objective (search/objective.py)
+
+
+def plan_search(model: str, out: Path, options: SearchOptions, force: bool) -> SearchPlan:
+    """Check the options, the model, the scheme and the data; read the examples and the tokenizer."""
+    from lpes.converter.loading import load_config, model_label, resolve_model
+    from lpes.converter.reference import check_layout, check_rope_scheme
+    from lpes.converter.weights_dtype import dtype_note
+    from lpes.foundation.outputs import check_output_file, check_outside_model
+    from lpes.validation.tasks import examples_for, task_config
+    from lpes.validation.vocabulary import check_vocabulary
+
+    grid, settings = check_options(options)
+    out = check_output_file(out, force)  # not empty, not a folder, not there without --force (foundation/outputs.py)
+    model_path = resolve_model(model)
+    check_outside_model(out, model_path)
+    config = load_config(model_path)
+    check_layout(config)
+    rope = RopeScheme(options.rope_type).resolved(config)  # YaRN's parameters written out for this model
+    check_rope_scheme(config, rope)  # per-layer yarn/dynamic need a plain RoPE: fail before any loading
+    task = task_config(model_path, options.data)
+    if options.answer_tokens is not None:
+        task = replace(task, answer_tokens=options.answer_tokens)
+    examples = examples_for(task, model_path, use_chat_template=options.chat_template, split="search")
+    if not examples:
+        raise LpesError("the calibration data has no examples")
+    held_out_data = examples_for(task, model_path, use_chat_template=options.chat_template, split="validation")
+    space = SearchSpace(grid, config.num_hidden_layers, options.degree)
+    tokenizer = _tokenizer(model_path)
+    every = examples + held_out_data  # prompts and answers apart: an answer that encodes to nothing is named
+    check_vocabulary(tokenizer, [e.prompt for e in every] + [e.answer for e in every], "--data",
+                     model_label(str(model)))
+    holdout = _held_out_examples(held_out_data, options.holdout)
+    lengths = _lengths(tokenizer, examples)
+    _check_scheme_reaches(config, rope, grid, max(n for _, n in lengths))
+    if options.optimizer == "gradient":
+        from lpes.search.gradient import check_gradient_search
+
+        check_gradient_search(space, rope.linear, options.objective)
+        _check_backward_memory(config, [budget for _, budget in lengths], options)
+    if note := dtype_note(model_path, resolve_dtype(options)):  # weights stored unlike config.json says
+        print(f"lpes-search: {note}", file=sys.stderr)
+    return SearchPlan(model, out, model_path, config, rope, task, examples, holdout, lengths,
+                 tokenizer, grid, space, settings, resolve_dtype(options), out.with_name(out.name + ".state.json"),
+                 gold_weights([e.gold_index for e in examples]))
+
+
+def _check_scheme_reaches(config, rope: RopeScheme, grid: ScaleGrid, longest: int) -> None:
+    """Refuse a per-layer search in which every curve is the unscaled model (dynamic NTK within the trained
+    length): it would spend its whole budget to write the model's own RoPE."""
+    trained = getattr(config, "max_position_embeddings", None)
+    if rope.linear or not all(StockRope(rope.rope_type, f).same_as_unscaled(longest, trained) for f in grid.values):
+        return
+    name = {"dynamic": "dynamic NTK", "yarn": "YaRN"}.get(rope.rope_type, rope.rope_type)
+    raise LpesError(f"--rope-type {rope.rope_type}: every calibration example is within the {trained:,} positions "
+                    f"the model was trained for (the longest reaches {longest:,}), where {name} at any factor is the "
+                    "unscaled model; calibrate on longer --data, or use --rope-type linear or yarn")
+
+
+def _check_backward_memory(config, lengths: list[int], options: SearchOptions) -> None:
+    """A gradient search's backward must fit on its device (plan time, before a model is loaded)."""
+    import torch
+
+    from lpes.converter.loading import DTYPES, available_memory
+    from lpes.foundation.devices import requested_devices
+    from lpes.search.gradient import check_backward_fits
+
+    if options.ray is not None:  # the actors' machines are not this one
+        return
+    devices = requested_devices(options.device)
+    dtype_bytes = DTYPES[resolve_dtype(options)].itemsize
+    if devices[0].startswith("cuda"):
+        available = min(torch.cuda.mem_get_info(torch.device(d))[0] for d in devices)
+    else:
+        available = available_memory()
+    # `lengths`: prompt + the answer's budget, at least the rows the objective runs (prompt + answer - 1).
+    check_backward_fits(config, lengths, options.batch_size, dtype_bytes, available)
+
+
+def _lengths(tokenizer, examples: list) -> list[tuple[int, int]]:
+    """Per example: prompt tokens, and positions with the answer's budget (the longest a verdict reaches)."""
+    from lpes.validation.scoring import encode_examples
+
+    return [(len(e.prompt_ids), len(e.prompt_ids) + (x.answer_tokens or len(e.answer_ids)))
+            for e, x in zip(encode_examples(tokenizer, examples), examples, strict=True)]
+
+
+def _held_out_examples(examples: list, count: int) -> list:
+    """`_across_positions`, saying so in one line when the data holds fewer than --holdout asks for."""
+    if len(examples) < count:
+        per_index = len(examples) // max(1, gold_count(examples))
+        print(f"lpes-search: --holdout {count}: the held-out data holds {len(examples)} examples ({per_index} per "
+              f"gold index x {gold_count(examples)}); using {len(examples)}", file=sys.stderr)
+    return _across_positions(examples, count)
+
+
+def gold_count(examples: list) -> int:
+    return max(1, len({e.gold_index for e in examples}))
+
+
+def _across_positions(examples: list, count: int) -> list:
+    """The first `count` examples taken in turn from each gold position (the data comes grouped by position)."""
+    groups: dict[int, list] = {}
+    for example in examples:
+        groups.setdefault(example.gold_index, []).append(example)
+    interleaved = [e for batch in zip_longest(*groups.values()) for e in batch if e is not None]
+    return interleaved[:count]
+
+
+def _tokenizer(model_path: Path):
+    from lpes.converter.loading import load_tokenizer
+
+    return load_tokenizer(model_path)

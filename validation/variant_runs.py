@@ -1,0 +1,247 @@
+"""What validation runs and how: the examples and whether key-value scoring fits this machine (`KvPlan`), the
+variants in table order (`PlannedVariant`: unscaled, the baselines, the curve, each export found), and
+scoring them all on the same examples, one copy of the weights at a time."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lpes.exporters.targets import RunContext, RunnerUnavailable, registry
+from lpes.foundation.devices import check_device, format_bytes
+from lpes.foundation.errors import LpesError
+from lpes.foundation.spec import LINEAR_ROPE, Spec, StockRope
+from lpes.validation import checks, scoring
+from lpes.validation.examples import Example
+from lpes.validation.results import REFERENCE, UNIFORM, UNSCALED, VariantResult
+from lpes.validation.task_choice import ResolvedTask, check_examples_encode, token_span
+
+BASELINE_NOTE = "PyTorch, best on calibration"
+# Share of examples on which an export may decode differently from the reference. float32
+# runtimes differ only in rounding, far below the logit gaps of a greedy choice; half
+# precision moves logits by ~1e-3 relative and flips a near-tie now and then.
+MAX_DISAGREEMENT = {"float32": 0.0, "float16": 0.02, "bfloat16": 0.05}
+MAX_ROPE_POSITIONS = 32768  # the RoPE check's positions (it allocates positions x head_dim per scale)
+
+
+@dataclass
+class KvPlan:
+    skipped: str | None  # why key-value scoring does not run here; None: it runs
+    tokenizer: Any = None
+    examples: list[Example] = field(default_factory=list)
+    prompt_tokens: list[int] = field(default_factory=list)  # per example
+    sequence_tokens: list[int] = field(default_factory=list)  # per example: prompt + answer budget
+    warnings: list[str] = field(default_factory=list)
+    tokenizer_missing: bool = False
+
+
+@dataclass
+class PlannedVariant:
+    """A torch variant or an export, what it runs with, and whether another variant already gives its answers."""
+
+    name: str
+    kind: str  # "unscaled", "uniform", "stock", "reference", "export"
+    scales: tuple[float, ...] | None = None
+    rope: StockRope | None = None
+    folder: Path | None = None
+    note: str = ""
+    baseline: bool = False
+    same_as: str | None = None
+    skipped: str | None = None  # why it cannot run (a stock type this model cannot take)
+    one_at_a_time: bool = False
+
+
+def positions_to_check(config, spec: Spec) -> int:
+    """Every position the model is used at: its trained length times the largest scale (capped)."""
+    trained = int(getattr(config, "max_position_embeddings", 0) or 4096)
+    return min(MAX_ROPE_POSITIONS, max(trained, int(trained * max(spec.scales))))
+
+
+def plan_kv(model_path: Path, config, examples, task: ResolvedTask | None, dtype, max_new_tokens,
+             source: str | None = None) -> KvPlan:
+    """Whether key-value scoring can run here: a tokenizer and memory for the weights; the examples."""
+    from lpes.converter.loading import DTYPES, available_memory, has_tokenizer, load_tokenizer, parameter_count
+
+    if not has_tokenizer(model_path):
+        return KvPlan(f"{Path(model_path).name} has no tokenizer files, so no prompts can be built",
+                      tokenizer_missing=True)
+    needed = parameter_count(model_path) * DTYPES[dtype].itemsize
+    available = available_memory()
+    if available is not None and needed > checks.MEMORY_SHARE * available:
+        return KvPlan(f"the weights take {format_bytes(needed)} in {dtype}; this machine has "
+                      f"{format_bytes(available)} available")
+    tokenizer = load_tokenizer(model_path)
+    if examples is None:
+        from lpes.validation.tasks import examples_for
+
+        examples = examples_for(task.config, model_path, tokenizer=tokenizer, use_chat_template=task.chat_template,
+                                split="validation")
+    examples = list(examples)
+    if not examples:
+        raise LpesError("validation needs at least one example")
+    check_examples_encode(tokenizer, examples, task, source)  # one line, before any model is loaded
+    encoded = scoring.encode_examples(tokenizer, examples)
+    prompts = [len(e.prompt_ids) for e in encoded]
+    budgets = [max_new_tokens or x.answer_tokens or len(e.answer_ids) for x, e in zip(examples, encoded)]
+    plan = KvPlan(None, tokenizer, examples, prompts, [p + b for p, b in zip(prompts, budgets)])
+    searched = task.searched.prompt_tokens if task is not None and task.searched is not None else None
+    if searched and not 0.8 * searched[1] <= max(prompts) <= 1.25 * searched[1]:
+        plan.warnings.append(f"the prompts are {token_span(min(prompts), max(prompts))} tokens, the curve was searched "
+                             f"on {token_span(*searched)}: a curve is found for one length")
+    return plan
+
+
+def plan_variants(spec: Spec, config, longest: int, exports, baseline_note: str = "") -> list[PlannedVariant]:
+    """The unscaled model, the baselines, the curve, the exports; each torch variant that computes what an
+    earlier one computes (scale 1 everywhere, YaRN at 1, dynamic NTK within the trained length) is scored once."""
+    from lpes.converter.reference import stock_rope_unsupported
+
+    baseline_note = baseline_note or BASELINE_NOTE
+    layers = len(spec.scales)
+    planned = [PlannedVariant(UNSCALED, "unscaled", (1.0,) * layers)]
+    same = "identical to the unscaled model, scored once"
+    uniform = spec.best_uniform_scale
+    if uniform is not None:  # the baselines a per-layer curve must beat, found by lpes-search
+        planned.append(PlannedVariant(f"{UNIFORM} s={uniform:g}", "uniform", (uniform,) * layers,
+                                      note=baseline_note + (f"; {same}" if uniform == 1.0 else ""), baseline=True,
+                                      same_as=UNSCALED if uniform == 1.0 else None))
+    trained = getattr(config, "max_position_embeddings", None)
+    for rope in spec.stock_baselines:
+        why = stock_rope_unsupported(config, rope.rope_type)  # a spec searched on another model
+        if why:
+            planned.append(PlannedVariant(rope.name, "stock", rope=rope, note=why, baseline=True, skipped=why))
+            continue
+        if rope.same_as_unscaled(longest, trained):
+            where = f" on prompts within its {trained} trained positions" if rope.length_dependent else ""
+            planned.append(PlannedVariant(rope.name, "stock", rope=rope, baseline=True, same_as=UNSCALED,
+                                          note=f"{baseline_note}; {same}{where}"))
+            continue
+        note = f"{baseline_note}, one example at a time" if rope.length_dependent else baseline_note
+        planned.append(PlannedVariant(rope.name, "stock", rope=rope, note=note, baseline=True,
+                                      one_at_a_time=rope.length_dependent))
+    twin = next((v.name for v in planned if v.scales == tuple(spec.scales) and v.same_as is None), None)
+    single = spec.rope.length_dependent  # per-layer dynamic NTK: each example's own length, as its stock twin
+    if not spec.rope.linear:  # the scales are yarn/dynamic factors (lpes_rope): YaRN at 1 alone is unscaled
+        twin = UNSCALED if spec.rope.rope_type == "yarn" and set(spec.scales) == {1.0} else None
+    note = f"{twin} everywhere: scored once" if twin else ("" if spec.rope.linear else f"per-layer {spec.rope.name}")
+    planned.append(PlannedVariant(REFERENCE, "reference", tuple(spec.scales), same_as=twin, note=note,
+                                  one_at_a_time=single))
+    planned += [PlannedVariant(name, "export", folder=folder, one_at_a_time=single) for name, folder in exports]
+    return planned
+
+
+def score_all(model_path, spec, kv_plan: KvPlan, planned: list[PlannedVariant], reference_dtype, device,
+               batch_size, max_batch_tokens, max_new_tokens, max_seconds, progress):
+    """Load the model, time a probe batch, and score every variant if the estimate fits `max_seconds`.
+
+    Returns (results, estimate text, why skipped or None).
+    """
+    import torch
+    from tqdm.auto import tqdm
+
+    from lpes.converter.loading import load_model
+    from lpes.converter.reference import apply, use_stock_rope
+
+    tokenizer, examples = kv_plan.tokenizer, kv_plan.examples
+    where = torch.device(check_device(device))
+    model = load_model(Path(model_path), reference_dtype).to(where)
+    eos = scoring.eos_token_ids(model, tokenizer) or None  # the exports' runners get the same stop tokens
+    scored = [v for v in planned if v.same_as is None and v.skipped is None]
+    probe = checks.probe(model, tokenizer, examples, kv_plan.sequence_tokens, batch_size, max_batch_tokens,
+                         max_new_tokens, eos, single=any(v.one_at_a_time for v in scored))
+    seconds = sum(checks.estimate_seconds(probe, kv_plan.prompt_tokens, kv_plan.sequence_tokens,
+                                          1 if v.one_at_a_time else batch_size, max_batch_tokens) for v in scored)
+    estimate = checks.describe_estimate(seconds, probe, where.type)
+    if max_seconds is not None and seconds > max_seconds:
+        del model
+        return [], estimate, (f"{len(examples)} examples x {len(scored)} variants would take {estimate}, over the "
+                              f"{checks.format_seconds(max_seconds)} budget")
+    bar = tqdm(total=len(examples) * len(scored), desc="lpes-validate", unit="example", disable=not progress)
+
+    def score(name: str, runner, one_at_a_time: bool = False) -> scoring.Scores:
+        bar.set_postfix_str(name)
+        return scoring.greedy_correct(runner, tokenizer, examples, 1 if one_at_a_time else batch_size, max_new_tokens,
+                                      progress=bar.update, eos_token_id=eos, max_batch_tokens=max_batch_tokens)
+
+    results: list[VariantResult] = []
+    by_name: dict[str, VariantResult] = {}
+    run = RunContext(reference_dtype, str(where), scoring.pad_token_id(None, tokenizer))
+    reference: VariantResult | None = None
+    for v in planned:
+        if v.kind == "export" and model is not None:
+            del model  # one copy of the weights at a time: the exports load their own
+            model = None
+        if v.skipped is not None:
+            result = VariantResult(v.name, "skipped", note=v.skipped, baseline=v.baseline)
+        elif v.same_as is not None:
+            result = VariantResult(v.name, "ok", by_name[v.same_as].scores, v.note, baseline=v.baseline,
+                                   same_as=v.same_as)
+        elif v.kind == "export":
+            result = _score_export(v.name, v.folder, reference, run, eos, score, v.one_at_a_time)
+            if result.status != "ok":
+                bar.update(len(examples))
+        else:
+            if v.kind == "stock":
+                use_stock_rope(model, v.rope)
+            else:  # the curve under the spec's scheme; the uniform baseline is linear
+                apply(model, Spec.from_scales(list(v.scales), rope=spec.rope if v.kind == "reference" else LINEAR_ROPE))
+            if v.kind == "unscaled":  # the probe batch was scored unscaled: the others only
+                bar.set_postfix_str(v.name)
+                bar.update(len(probe.example_ids))
+                rest = [i for i in range(len(examples)) if i not in set(probe.example_ids)]
+                scores = checks.merge_scores(probe, _score_some(model, tokenizer, examples, rest, batch_size,
+                                                                max_new_tokens, eos, max_batch_tokens, bar.update),
+                                             rest)
+            else:
+                scores = score(v.name, model, v.one_at_a_time)
+            result = VariantResult(v.name, "ok", scores, v.note, baseline=v.baseline)
+        if v.kind == "reference":
+            reference = result
+        by_name[v.name] = result
+        results.append(result)
+    bar.close()
+    return results, estimate, None
+
+
+def _score_some(model, tokenizer, examples, ids: list[int], batch_size, max_new_tokens, eos, max_batch_tokens,
+                progress) -> scoring.Scores:
+    """Greedy scores of the examples `ids` only (numbered by their place in `ids`)."""
+    if not ids:
+        return scoring.Scores((), 0)
+    return scoring.greedy_correct(model, tokenizer, [examples[i] for i in ids], batch_size, max_new_tokens,
+                                  progress=progress, eos_token_id=eos, max_batch_tokens=max_batch_tokens)
+
+
+def _score_export(name, folder, reference: VariantResult, run: RunContext, eos, score,
+                  one_at_a_time: bool = False) -> VariantResult:
+    target = registry()[name]
+    try:
+        opened = target.open(folder, run)
+    except RunnerUnavailable as why:
+        return VariantResult(name, "skipped", note=str(why))
+    scores = score(name, opened.runner, one_at_a_time)
+    differ = [
+        r.example_id
+        for r, ref in zip(scores.results, reference.scores.results, strict=True)
+        if r.generated != ref.generated
+    ]
+    # Held to the looser of the two precisions: a bfloat16 reference flips near-ties too.
+    share = max(MAX_DISAGREEMENT.get(opened.dtype, 0.0), MAX_DISAGREEMENT.get(run.reference_dtype, 0.0))
+    allowed = int(share * len(scores.results))
+    return VariantResult(name, "ok", scores, opened.note, opened.dtype, differ, allowed)
+
+
+def found_exports(out_dir: Path, names: Sequence[str] | None) -> list[tuple[str, Path]]:
+    targets = registry()
+    if names is not None:
+        unknown = [n for n in names if n not in targets]
+        if unknown:
+            raise LpesError(f"unknown variant {unknown[0]!r} (known: {', '.join(targets)})")
+    found = []
+    for name, target in targets.items():
+        folder = target.find(out_dir)
+        if folder is not None and (names is None or name in names):
+            found.append((name, folder))
+    return found
