@@ -135,8 +135,8 @@ def test_validate_refuses_a_report_name_that_is_a_link(converted, tmp_path, scor
 
 
 def test_validate_refuses_a_full_disk_before_scoring(converted, tmp_path, scored, monkeypatch):
-    from lpes.foundation import preflight
     from lpes.cli import validate_main
+    from lpes.foundation import preflight
 
     folder = tmp_path / "dir"
     shutil.copytree(converted, folder)
@@ -166,9 +166,9 @@ def test_validate_says_its_plan_line_and_scores(converted, tmp_path, scored):
 
 def test_convert_refuses_a_full_disk_with_the_size_it_needs(spec_file, tmp_path, monkeypatch):
     """hf,onnx of the bundled model: the ONNX export's weights in float32 (and the Hub folder's small files)."""
-    from lpes.foundation import preflight
     from lpes.cli import convert_main
     from lpes.converter.loading import parameter_count
+    from lpes.foundation import preflight
     from lpes.foundation.devices import format_bytes
 
     real = shutil.disk_usage
