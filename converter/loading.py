@@ -92,7 +92,7 @@ def check_model_folder(path: Path) -> Path:
 def check_folder_files(folder: Path) -> None:
     """What lpes reads or copies from `folder` besides the weights: its own files, no custom tokenizer code,
     a readable generation_config.json, no quantization (lpes converts plain checkpoints), no FIFO, device or
-    socket (lpes/preflight.py)."""
+    socket (foundation/preflight.py)."""
     check_no_special_files(folder, "a model folder")
     for entry in sorted(folder.iterdir()):
         if entry.is_symlink() and not inside_folder(folder, entry):

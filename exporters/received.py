@@ -46,7 +46,7 @@ def check_received_folder(folder: Path) -> None:
     from lpes.converter.loading import SAFETENSORS, SAFETENSORS_INDEX, inside_folder, read_generation_config
 
     folder = Path(folder)
-    check_no_special_files(folder, "a received folder")  # a FIFO would block the first read (lpes/preflight.py)
+    check_no_special_files(folder, "a received folder")  # a FIFO would block the first read (foundation/preflight.py)
     files = _walk(folder)
     for path in files:
         if path.is_symlink() and not inside_folder(folder, path):

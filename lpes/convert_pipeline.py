@@ -120,7 +120,7 @@ def plan(options: ConvertOptions) -> ConvertPlan:
     targets = [cls(job, options.target_options.get(cls.name)) for cls in target_classes]
     for target in targets:
         target.check()
-    room = check_folder_room(out, sum(t.output_bytes(out) for t in targets))  # writable, with room: lpes/preflight.py
+    room = check_folder_room(out, sum(t.output_bytes(out) for t in targets))  # writable, with room (preflight.py)
     notes = [f"plan: {room}", dtype_note(model_path, options.dtype), *(t.plan_note() for t in targets),
              task.override if task else None]
     notes = [note for note in notes if note]

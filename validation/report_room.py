@@ -3,7 +3,7 @@
 The report is written at the end, after every prompt is scored; a validation.json that is a folder,
 a read-only DIR or a full disk would then throw the scoring away. So the names it may write
 (validation.json/.md/.png, their .skipped/.failed variants, the model card README.md) are checked
-first, with a test write beside them and the free space (lpes/preflight.py).
+first, with a test write beside them and the free space (foundation/preflight.py).
 """
 
 from __future__ import annotations
