@@ -39,7 +39,7 @@ class GenaiPackage(Target):
         self.plan = check_genai(self.job.model_path, self.job.spec, config=self.job.config, **self.options)
 
     def output_bytes(self, out: Path) -> int:
-        from lpes.exporters.genai import package_bytes
+        from lpes.exporters.genai.package import package_bytes
 
         return package_bytes(self.plan)
 
