@@ -13,7 +13,11 @@ interchangeable.
 
 from __future__ import annotations
 
+import atexit
 import logging
+import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +30,14 @@ import torch
 # every non-propagating logger, so a failing export test printed dozens of empty
 # "DEBUG torch.__trace" lines. Disabled for the test session only; TORCH_TRACE still works elsewhere.
 logging.getLogger("torch.__trace").disabled = True
+
+# Every lpes command reports the staging folders that killed runs recorded in the user's state folder
+# (foundation/stale_staging.py). A run killed on this machine before, a CI job cancelled mid-test
+# say, would add that note to every command's stderr and fail each test that wants exactly one line.
+# Each test process (and the commands it starts, which inherit the environment) gets its own.
+_STATE_DIR = tempfile.mkdtemp(prefix="lpes-test-state-")
+os.environ["LPES_STATE_DIR"] = _STATE_DIR
+atexit.register(shutil.rmtree, _STATE_DIR, True)
 
 VOCAB_SIZE = 100
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
