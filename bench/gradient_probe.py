@@ -25,7 +25,8 @@ import torch
 from lpes.converter.loading import load_model, load_tokenizer, resolve_model
 from lpes.converter.reference import apply_differentiable
 from lpes.search.objective import gold_weights
-from lpes.validation.scoring import answer_logprob_batches
+from lpes.validation.own_answers import own_answer_examples
+from lpes.validation.scoring import answer_logprob_batches, greedy_correct
 from lpes.validation.tasks import examples_for, task_config
 
 
@@ -60,6 +61,8 @@ def main() -> int:
     parser.add_argument("--data", default=None, help="lpes-search's --data (default: the model folder's task)")
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--forward-only", action="store_true", help="the objective alone (a finer uniform scan)")
+    parser.add_argument("--objective", choices=["logprob", "answer-logprob"], default="logprob",
+                        help="answer-logprob: the unscaled model's own answers with the gold value are the targets")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     model_path = resolve_model(args.model)
@@ -68,6 +71,11 @@ def main() -> int:
     tokenizer = load_tokenizer(model_path)
     task = task_config(model_path, args.data)
     examples = examples_for(task, model_path, tokenizer=tokenizer, split="search")
+    targets = None
+    if args.objective == "answer-logprob":  # as lpes-search does it (search/run.py, _use_own_answers)
+        generated = [r.generated for r in greedy_correct(model, tokenizer, examples, args.batch_size).results]
+        examples, targets = own_answer_examples(examples, generated)
+        print(f"targets: {targets}; e.g. {examples[0].answer!r}", flush=True)
     rows = []
     for scale in (float(s) for s in args.scales.split("+")):
         started = time.perf_counter()
@@ -78,7 +86,8 @@ def main() -> int:
         print(f"s={scale:g}: J={row['objective']:.4f} by gold {row['objective_by_gold_index']} "
               f"({row['seconds']} s); dJ/ds_h: {gradient}", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    result = {"model": args.model, "examples": len(examples), "data": args.data, "threads": torch.get_num_threads(),
+    result = {"model": args.model, "examples": len(examples), "data": args.data, "objective": args.objective,
+              "answer_targets": targets, "targets": [e.answer for e in examples], "threads": torch.get_num_threads(),
               "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2), "rows": rows}
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     return 0

@@ -37,7 +37,9 @@ Fitness (Eq. 7 of the LPES paper) is the share of calibration examples answered 
 checked in one forward pass per example (teacher forcing; see README). --objective logprob
 climbs the mean log-likelihood of the gold answer's tokens instead (each gold position counts
 the same), which moves with every curve where verdicts do not; --optimizer gradient climbs it
-by autograd through the per-layer RoPE, one Adam step per generation. Candidates that
+by autograd through the per-layer RoPE, one Adam step per mini-batch. For a chat model, which
+answers in a sentence, --objective answer-logprob scores the unscaled model's own answer with the
+gold value in it, so that a curve pays for changing how the model answers. Candidates that
 cannot reach the current parents are raced out early, and no scale vector is scored
 twice, so the result is that of a plain GA at a fraction of the cost (bench/RESULTS.md).
 The state is saved after every generation: run the same command again to resume an
@@ -62,12 +64,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--optimizer", default=DEFAULTS.optimizer, choices=list(OPTIMIZERS),
                         help="what breeds the candidates: ga (the papers' genetic algorithm), cmaes (CMA-ES over "
                         "the same genome and grid; both race exactly and resume alike), or gradient (Adam on the "
-                        "curve's control scales, within the --scale-grid bounds; needs --objective logprob) "
+                        "curve's control scales, within the --scale-grid bounds; needs a likelihood --objective) "
                         "(default %(default)s)")
     parser.add_argument("--objective", default=DEFAULTS.objective, choices=list(OBJECTIVES),
-                        help="what the optimizer climbs: accuracy (Eq. 7, right/wrong verdicts) or logprob (the "
-                        "gold answer's mean log-likelihood, each gold position weighted equally); held-out "
-                        "checks and validation report accuracy either way (default %(default)s)")
+                        help="what the optimizer climbs: accuracy (Eq. 7, right/wrong verdicts), logprob (the "
+                        "gold answer's mean log-likelihood, each gold position weighted equally) or answer-logprob "
+                        "(the same of the unscaled model's own greedy answer with the gold value in it: for chat "
+                        "models, which answer in a sentence); held-out checks and validation report accuracy "
+                        "either way (default %(default)s)")
     parser.add_argument("--learning-rate", type=float, default=DEFAULTS.learning_rate, metavar="LR",
                         help="--optimizer gradient: Adam's step in log-scale per generation (default %(default)s)")
     parser.add_argument("--population", type=int, default=DEFAULTS.population,

@@ -41,7 +41,7 @@ from lpes.foundation.bezier import layer_scales
 from lpes.foundation.errors import LpesError
 from lpes.search.ga import GASettings, Scored, SearchState
 from lpes.search.genome import Curve, SearchSpace
-from lpes.search.objective import weighted
+from lpes.search.objective import LIKELIHOODS, weighted
 
 NAME = "gradient"
 # 2: one Adam step per mini-batch. A checkpoint of another version would resume other steps: refused.
@@ -224,9 +224,9 @@ def _fixed_batches(lengths: list[int], batch_size: int) -> list[list[int]]:
 
 def check_gradient_search(space: SearchSpace, rope_linear: bool, objective: str) -> None:
     """Refuse, at plan time, a gradient search that cannot run or whose problem is degenerate."""
-    if objective != "logprob":
-        raise LpesError("--optimizer gradient climbs the gold answer's likelihood: use --objective logprob "
-                        "(right/wrong verdicts have no gradient)")
+    if objective not in LIKELIHOODS:
+        raise LpesError("--optimizer gradient climbs the gold answer's likelihood: use --objective logprob or "
+                        "answer-logprob (right/wrong verdicts have no gradient)")
     if not rope_linear:
         raise LpesError("--optimizer gradient: per-layer yarn/dynamic are not differentiable here; "
                         "use --rope-type linear, or --optimizer cmaes")

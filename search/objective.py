@@ -9,13 +9,19 @@ teacher-forced in one forward pass (validation/scoring.py, `answer_logprob_batch
 gold position first so that each position of the needed fact counts the same (the middle as much
 as the ends) however many examples each holds. Per-layer scales enter the model continuously, so
 the model also says which way each scale should move (search/gradient.py).
+
+`answer-logprob` is the same likelihood of a different target: the unscaled model's own greedy
+answer, cut after its value, with the gold value in its place (validation/own_answers.py). A chat
+model answers in a sentence; the bare value's likelihood rewards curves that change that sentence.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-OBJECTIVES = ("accuracy", "logprob")
+OBJECTIVES = ("accuracy", "logprob", "answer-logprob")
+# The objectives that are a likelihood: climbed by CMA-ES on every example, or by the gradient.
+LIKELIHOODS = ("logprob", "answer-logprob")
 
 
 def gold_weights(gold_indices: Sequence[int]) -> list[float]:

@@ -12,7 +12,7 @@ from lpes.search.baselines import parse_baselines
 from lpes.search.fitness import METHODS
 from lpes.search.ga import GASettings
 from lpes.search.genome import ScaleGrid
-from lpes.search.objective import OBJECTIVES
+from lpes.search.objective import LIKELIHOODS, OBJECTIVES
 from lpes.search.replicas import check_replica_options
 
 TIES = ("gentle", "first")
@@ -109,12 +109,12 @@ def check_options(options: SearchOptions) -> tuple[ScaleGrid, GASettings]:
 def _check_objective(options: SearchOptions) -> None:
     if options.objective not in OBJECTIVES:
         raise LpesError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {options.objective!r}")
-    if options.objective == "logprob" and options.optimizer == "ga":
-        raise LpesError("--objective logprob works with --optimizer cmaes or gradient; the GA races exact "
-                        "right/wrong counts")
-    if options.optimizer == "gradient" and options.objective != "logprob":
-        raise LpesError("--optimizer gradient climbs the gold answer's likelihood: add --objective logprob "
-                        "(right/wrong verdicts have no gradient)")
+    if options.objective in LIKELIHOODS and options.optimizer == "ga":
+        raise LpesError(f"--objective {options.objective} works with --optimizer cmaes or gradient; the GA races "
+                        "exact right/wrong counts")
+    if options.optimizer == "gradient" and options.objective not in LIKELIHOODS:
+        raise LpesError("--optimizer gradient climbs the gold answer's likelihood: add --objective logprob or "
+                        "answer-logprob (right/wrong verdicts have no gradient)")
     if not (math.isfinite(options.learning_rate) and 0 < options.learning_rate <= 10):
         raise LpesError(f"--learning-rate must be in (0, 10], got {options.learning_rate}")
 

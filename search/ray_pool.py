@@ -97,6 +97,14 @@ class RayPool:
         [accuracy] = self._run_all([lambda actor: actor.greedy_accuracy.remote(scales, examples)])
         return accuracy
 
+    def greedy_texts(self, scales: Candidate, examples: list[Example]) -> list[str]:
+        [texts] = self._run_all([lambda actor: actor.greedy_texts.remote(scales, examples)])
+        return texts
+
+    def set_examples(self, examples: list[Example]) -> None:
+        self._args["examples"] = self._ray.put(examples)  # what a replacement actor loads
+        self._ray.get([actor.set_examples.remote(self._args["examples"]) for actor in self._actors])
+
     def close(self) -> None:
         for actor in self._actors:
             try:

@@ -82,6 +82,18 @@ class Replica:
                               tuple(float(g) for g in layer_scales.grad.double()), tokens,
                               time.perf_counter() - started)
 
+    def greedy_texts(self, scales: Candidate, examples: list[Example]) -> list[str]:
+        """What the model writes on `examples` under `scales` (greedy, each example's answer budget)."""
+        from lpes.validation.scoring import greedy_correct
+
+        self._use(scales)
+        return [r.generated for r in greedy_correct(self.model, self.tokenizer, examples,
+                                               _batch_size(scales, self.batch_size)).results]
+
+    def set_examples(self, examples: list[Example]) -> None:
+        """The examples the ids of later calls name (--objective answer-logprob swaps in their targets)."""
+        self.examples = examples
+
     def greedy_accuracy(self, scales: Candidate, examples: list[Example]) -> float:
         from lpes.validation.scoring import greedy_correct
 

@@ -50,6 +50,14 @@ class ReplicaPool(Protocol):
         """Greedy accuracy (the benchmark's test) of `scales` on `examples`, on one replica."""
         ...
 
+    def greedy_texts(self, scales: Candidate, examples: list[Example]) -> list[str]:
+        """What the model writes on `examples` under `scales` (greedy), on one replica."""
+        ...
+
+    def set_examples(self, examples: list[Example]) -> None:
+        """Every replica, and any that replaces one, scores these examples from now on (the same ids)."""
+        ...
+
     def objective_many(self, jobs: list[tuple[Candidate, list[int]]]) -> list[ObjectiveResult]:
         """Gold log-likelihoods of each (candidate, example ids) job, at most one job per replica, in order."""
         ...
@@ -132,6 +140,13 @@ class LocalPool:
 
     def greedy_accuracy(self, scales: Candidate, examples: list[Example]) -> float:
         return self.replicas[0].greedy_accuracy(scales, examples)
+
+    def greedy_texts(self, scales: Candidate, examples: list[Example]) -> list[str]:
+        return self.replicas[0].greedy_texts(scales, examples)
+
+    def set_examples(self, examples: list[Example]) -> None:
+        for replica in self.replicas:
+            replica.set_examples(examples)
 
     def close(self) -> None:
         if self._threads is not None:

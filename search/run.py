@@ -32,6 +32,7 @@ from lpes.search.baselines import (
 from lpes.search.fitness import ModelEvaluator, UsageMeter
 from lpes.search.ga import GASettings, GeneticSearch, SearchState
 from lpes.search.genome import ScaleGrid
+from lpes.search.objective import LIKELIHOODS
 from lpes.search.options import SearchOptions, check_options
 from lpes.search.plan import SearchPlan, gold_count, plan_search
 from lpes.search.progress import StepProgress, clock
@@ -54,7 +55,7 @@ def search_loop(plan: SearchPlan, options: SearchOptions, evaluator: ModelEvalua
         return GradientSearch(plan.space, evaluator, settings, plan.weights, after_generation, step_progress,
                               GradientSettings(options.learning_rate, options.batch_size),
                               [n for n, _ in plan.lengths])
-    if options.objective == "logprob":
+    if options.objective in LIKELIHOODS:
         return LogprobCMASearch(*args, weights=plan.weights)
     return GeneticSearch(*args) if options.optimizer == "ga" else CMASearch(*args)
 
@@ -91,6 +92,7 @@ class _Found:
     skipped: dict[str, str]
     held_out: dict
     layout: Any
+    answer_targets: dict[str, int] | None  # --objective answer-logprob: how many targets were made each way
 
 
 def _search(model: str, out: Path, options: SearchOptions, force: bool, progress: bool, room: str) -> Spec:
@@ -116,6 +118,7 @@ def _run(plan: SearchPlan, options: SearchOptions, state: SearchState | None, pr
                      replicas=options.replicas, gpus_per_replica=options.gpus_per_replica)
     # Racing chunks start at one example (most hopeless genomes fail at once) and double up to one full
     # batch; with several replicas as many genomes race at once, one chunk each, so chunks do not grow with them.
+    targets = _use_own_answers(pool, plan, progress) if options.objective == "answer-logprob" else None
     settings = replace(plan.settings, chunk=options.batch_size, first_chunk=1, replicas=pool.size)
     evaluator = ModelEvaluator(pool, len(plan.examples), plan.rope)
     reporter = _Reporter(progress, UsageMeter(evaluator.usage), lambda: evaluator.forward_tokens, options.patience,
@@ -145,7 +148,7 @@ def _run(plan: SearchPlan, options: SearchOptions, state: SearchState | None, pr
                 print(f"lpes-search: warning: {said} (the unscaled model, on calibration prompts)", file=sys.stderr)
     finally:
         pool.close()
-    return _Found(state, spec, baselines, skipped, held_out, pool.layout)
+    return _Found(state, spec, baselines, skipped, held_out, pool.layout, targets)
 
 
 def _provenance(plan: SearchPlan, options: SearchOptions, found: _Found) -> dict:
@@ -176,6 +179,7 @@ def _provenance(plan: SearchPlan, options: SearchOptions, found: _Found) -> dict
                    "uniform_scan_tokens": state.uniform["tokens"] if state.uniform else 0,
                    "stock_baselines": found.baselines, "stock_baselines_skipped": found.skipped,
                    # What lpes-convert and lpes-validate validate on unless told otherwise (Spec.search_task).
+                   **({"answer_targets": found.answer_targets} if found.answer_targets else {}),
                    "task": SearchTask(shareable_data(options.data), options.chat_template, plan.task.answer_tokens,
                                       (min(prompts), max(prompts))).to_json()},
         "held_out": found.held_out,
@@ -220,7 +224,7 @@ def _stock_baselines(config, options: SearchOptions, evaluator: ModelEvaluator, 
         del factors[rope_type]
     for rope_type, why in skipped.items():
         print(f"lpes-search: no {rope_type} baseline: {why}", file=sys.stderr)
-    if options.objective == "logprob":  # scored as the curve was: comparable with its objective
+    if options.objective in LIKELIHOODS:  # scored as the curve was: comparable with its objective
         results = [result for rope_type, left in factors.items()
                    for result in scan_stock_objective(evaluator, [rope_type], left, weights, progress)]
     else:
@@ -243,6 +247,24 @@ def _nothing_scored(pool: ReplicaPool, tokenizer, examples: list, layers: int, o
     hints = ["--no-chat-template" if options.chat_template else "the chat template (drop --no-chat-template)",
              "--answer-tokens 100" if task.answer_tokens is None else "a larger --answer-tokens", "other --data"]
     return f"{text}. Try {', '.join(hints)}"
+
+
+def _use_own_answers(pool: ReplicaPool, plan: SearchPlan, progress: bool) -> dict[str, int]:
+    """--objective answer-logprob: the unscaled model answers every calibration prompt once (greedy), and each
+    replica's targets become those answers with the gold value in place (validation/own_answers.py)."""
+    from lpes.validation.own_answers import MEANING, own_answer_examples
+
+    layers = plan.config.num_hidden_layers
+    if progress:
+        print(f"lpes-search: answer-logprob: the unscaled model answers the {len(plan.examples)} calibration "
+              "prompts (greedy), the targets of the likelihood", file=sys.stderr, flush=True)
+    generated = pool.greedy_texts((1.0,) * layers, plan.examples)
+    targets, counts = own_answer_examples(plan.examples, generated)
+    pool.set_examples(targets)
+    print("lpes-search: answer-logprob targets: " + ", ".join(f"{n} {how} ({MEANING[how]})"
+                                                               for how, n in counts.items()),
+          file=sys.stderr, flush=True)
+    return counts
 
 
 def _answers_sample(pool: ReplicaPool, tokenizer, examples: list, layers: int, tokens: int,

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import ray
@@ -64,6 +65,30 @@ def test_two_ray_replicas_give_the_single_process_gradient_search(cluster, tmp_p
     steps = single.provenance["search"]["history"]
     assert len(set(steps[-1]["scales"])) > 1  # the descent moved the layers apart: not trivially equal
     assert result(spec) == result(single)
+    assert spec.provenance["search"]["history"] == single.provenance["search"]["history"]
+
+
+def test_answer_logprob_targets_reach_every_ray_replica(cluster, tmp_path, monkeypatch):
+    """The own-answer targets are made in this process after the replicas loaded; each replica (a Ray actor)
+    must score them. lpes-tiny-kv answers with the value alone, where they are the gold: here each target
+    is given a sentence's opening (a value of the vocabulary before the gold), as a chat model's would be."""
+    from lpes.validation import own_answers
+
+    real = own_answers.own_answer_examples
+
+    def sentence_targets(examples, generated):
+        targets, counts = real(examples, generated)
+        return [replace(t, answer=f"{t.answer[:3]} {t.answer}") for t in targets], counts
+
+    monkeypatch.setattr(own_answers, "own_answer_examples", sentence_targets)
+    options = dict(GRADIENT, data="tiny-kv:examples=2,length=512", generations=1)
+    gold = search("lpes-tiny-kv", tmp_path / "gold.json", SearchOptions(**options), progress=False)
+    options["objective"] = "answer-logprob"
+    single = search("lpes-tiny-kv", tmp_path / "one.json", SearchOptions(**options), progress=False)
+    spec = search("lpes-tiny-kv", tmp_path / "two.json", SearchOptions(**options, ray="auto", replicas=2),
+                  progress=False)
+    objectives = [[h["objective"] for h in s.provenance["search"]["history"]] for s in (gold, single, spec)]
+    assert objectives[0] != objectives[1]  # the targets changed what is scored
     assert spec.provenance["search"]["history"] == single.provenance["search"]["history"]
 
 

@@ -1,0 +1,102 @@
+"""--objective answer-logprob: the likelihood target is the model's own answer with the gold value in place.
+
+The answer forms below are SmolLM2-135M-Instruct's own, unscaled, on the real-model task (bench/real/position.json:
+a sentence, or the JSON recited), and a chat answer naming the benchmark's UUID values.
+"""
+
+import json
+
+import pytest
+
+from lpes.cli import search_main
+from lpes.validation.own_answers import BARE, KEPT, SUBSTITUTED, gold_shape, own_answer_target
+
+GOLD = "240891"
+
+
+@pytest.mark.parametrize("generated, target, how", [
+    # Right: cut after the value (the closing punctuation is form the verdict does not need).
+    ('The value corresponding to the key "696853" is 240891.', 'The value corresponding to the key "696853" is 240891',
+     KEPT),
+    # Wrong value: the last 6-digit span is the value (the key, named first, keeps its own digits).
+    ('The value corresponding to the key "696853" is 118204.', 'The value corresponding to the key "696853" is 240891',
+     SUBSTITUTED),
+    # A leading space or newline is the prompt's separator, added back when the target is tokenized.
+    ('\n "696853": "118204"', '"696853": "240891', SUBSTITUTED),
+    # No value written (the answer recites the prompt's opening): the bare gold.
+    ('JSON data:\n{"', GOLD, BARE),
+    # A longer or shorter number, or digits inside a word, is not a value of this shape.
+    ('The value is 1182045 or 11820 or a118204', GOLD, BARE),
+])
+def test_the_target_is_the_models_own_answer_with_the_gold_value(generated, target, how):
+    assert own_answer_target(generated, GOLD) == (target, how)
+
+
+def test_uuid_values_are_found_by_their_shape():
+    gold = "9f4a2c1e-0b7d-4e3a-8c55-1f2e3d4c5b6a"
+    opening = 'The value associated with key "a1b2c3d4-0000-4e3a-8c55-000000000000" is "'
+    target, how = own_answer_target(opening + '3c9e1a7b-52d0-4f6e-9a1b-7d8c6e5f4a3b".', gold)
+    assert how == SUBSTITUTED and target == opening + gold
+    assert gold_shape(gold).fullmatch("ffffffff-ffff-ffff-ffff-ffffffffffff")
+    assert not gold_shape(gold).search("ffffffff-ffff-ffff-ffff-fffffffffff")  # one short
+
+
+def test_a_value_without_digits_is_never_substituted():
+    """Words cannot be told from values by shape: a wrong word answer keeps the bare gold."""
+    assert gold_shape("Paris") is None
+    assert own_answer_target("The capital is Lyon.", "Paris") == ("Paris", BARE)
+
+
+def search_args(out, objective):
+    return ["lpes-tiny-kv", "--out", str(out), "--optimizer", "gradient", "--objective", objective,
+            "--generations", "2", "--patience", "0", "--holdout", "4", "--baselines", "none",
+            "--data", "tiny-kv:examples=1,length=512", "--scale-grid", "0.5:4:0.5"]
+
+
+def test_on_a_model_that_answers_with_the_value_alone_it_is_the_gold_likelihood(tmp_path, capsys):
+    """lpes-tiny-kv answers with the value's own tokens, so every own-form target is the gold value and the
+    search climbs exactly what --objective logprob climbs: the same curve, the same objective at every step."""
+    assert search_main(search_args(tmp_path / "own.json", "answer-logprob")) == 0
+    assert "answer-logprob targets:" in capsys.readouterr().err
+    assert search_main(search_args(tmp_path / "gold.json", "logprob")) == 0
+    own, gold = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("own", "gold"))
+    assert own["scales"] == gold["scales"]
+    history = [[h["objective"] for h in s["provenance"]["search"]["history"]] for s in (own, gold)]
+    assert history[0] == history[1]
+    targets = own["provenance"]["search"]["answer_targets"]
+    assert sum(targets.values()) == own["provenance"]["search"]["calibration_examples"] and targets[BARE] == 0
+    assert "answer_targets" not in gold["provenance"]["search"]
+
+
+def test_an_answer_without_a_value_borrows_the_others_form_with_its_own_key():
+    """The unscaled SmolLM2 recites the JSON on most prompts it gets wrong: such a prompt's target is the
+    sentence the model wrote where it did give a value, naming this prompt's key (the last one its question
+    names), then the gold value."""
+    from lpes.validation.examples import Example
+    from lpes.validation.own_answers import BORROWED, own_answer_examples
+
+    def example(key, value):
+        prompt = f'JSON data:\n{{"111111": "222222", "{key}": "{value}"}}\nKey: "{key}"\nCorresponding value:'
+        return Example(prompt, value, 1, 2)
+
+    recited = 'The JSON data contains the following key-value pairs:\n\n```json\n{\n    "'
+    examples = [example("696853", "240891"), example("685782", "649187"), example("361681", "394856"),
+                example("999999", "123456"), example("876471", "555555")]
+    said = ['The value corresponding to the key "696853" is 240891.',
+            'The value corresponding to the key "685782" is 946116.',
+            recited + "87647",
+            "I don't know",
+            recited + '111111": "222222",']  # a recited key of the value's shape is not a wrong value
+    targets, counts = own_answer_examples(examples, said)
+    assert [t.answer for t in targets] == [
+        'The value corresponding to the key "696853" is 240891',
+        'The value corresponding to the key "685782" is 649187',
+        'The value corresponding to the key "361681" is 394856',
+        'The value corresponding to the key "999999" is 123456',
+        'The value corresponding to the key "876471" is 555555']
+    assert counts == {KEPT: 1, SUBSTITUTED: 1, BORROWED: 3, BARE: 0}
+    assert [(t.prompt, t.gold_index) for t in targets] == [(e.prompt, e.gold_index) for e in examples]
+    # With no right answer there is no form to borrow: each answer keeps its own, or the bare gold.
+    targets, counts = own_answer_examples(examples[2:], said[2:])
+    assert [t.answer for t in targets] == ["394856", "123456", recited + '111111": "555555']
+    assert counts == {KEPT: 0, SUBSTITUTED: 1, BORROWED: 0, BARE: 2}
