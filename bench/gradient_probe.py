@@ -36,6 +36,7 @@ def probe(model, tokenizer, examples, scale: float, batch_size: int, backward: b
     scales = torch.full((layers,), scale, dtype=torch.float32, requires_grad=backward)
     by_gold: dict[int, list[float]] = {}
     objective, tokens = 0.0, 0
+    hinge = capped = argmax_right = 0.0  # the worst-token margin: min(m, 0), min(m, 1), and the verdict m > 0
     for start in range(0, len(examples), batch_size):
         ids = list(range(start, min(start + batch_size, len(examples))))
         apply_differentiable(model, scales)
@@ -45,11 +46,17 @@ def probe(model, tokenizer, examples, scale: float, batch_size: int, backward: b
         if backward:
             part.backward()
         objective += float(part.detach())
+        for i, r in zip(ids, rows):
+            margin = float(r.margin.detach())
+            hinge += weights[i] * min(margin, 0.0)
+            capped += weights[i] * min(margin, 1.0)
+            argmax_right += weights[i] * (margin > 0)
         tokens += positions
         for i, r in zip(ids, rows):
             by_gold.setdefault(examples[i].gold_index, []).append(float(r.logprob.detach()))
     return {"scale": scale, "objective": objective,
             "gradient": [float(g) for g in scales.grad] if backward else None,
+            "margin_hinge": hinge, "margin_capped": capped, "teacher_forced_right": argmax_right,
             "objective_by_gold_index": {str(g): sum(v) / len(v) for g, v in sorted(by_gold.items())},
             "positions": tokens}
 
@@ -83,7 +90,9 @@ def main() -> int:
         row["seconds"] = round(time.perf_counter() - started, 1)
         rows.append(row)
         gradient = " ".join(f"{g:+.3f}" for g in row["gradient"]) if row["gradient"] else "-"
-        print(f"s={scale:g}: J={row['objective']:.4f} by gold {row['objective_by_gold_index']} "
+        print(f"s={scale:g}: J={row['objective']:.4f}, worst-token margin: min(m,0) {row['margin_hinge']:.3f}, "
+              f"min(m,1) {row['margin_capped']:.3f}, m>0 {row['teacher_forced_right']:.3f}; "
+              f"by gold {row['objective_by_gold_index']} "
               f"({row['seconds']} s); dJ/ds_h: {gradient}", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     result = {"model": args.model, "examples": len(examples), "data": args.data, "objective": args.objective,

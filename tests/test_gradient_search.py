@@ -85,6 +85,33 @@ def test_the_differentiable_patch_computes_what_the_reference_does(kv_model):
     apply(model, Spec.from_scales([1.0] * 4))
 
 
+def test_the_worst_token_margin_is_the_verdicts_sign_and_the_logits_own(kv_model):
+    """AnswerLogprob.margin, recomputed from a plain forward's logits: positive exactly where every answer token
+    is the argmax (bench/gradient_probe.py compares it with held-out verdicts on SmolLM2)."""
+    from lpes.validation.scoring import answer_ids, encode_prompt
+
+    model, tokenizer = kv_model
+    examples = kv_examples(count=8)
+    verdicts = set()
+    for scales in ([1.0, 1.0, 1.0, 1.0], [0.5, 0.5, 0.5, 0.5]):  # compressed, the near facts are lost
+        apply(model, Spec.from_scales(scales))
+        [(rows, _)] = list(answer_logprob_batches(model, tokenizer, examples, batches=[list(range(8))]))
+        for example, row in zip(examples, rows):
+            answer = answer_ids(tokenizer, example.prompt, example.answer)
+            ids = encode_prompt(tokenizer, example.prompt) + answer
+            with torch.no_grad():
+                logprobs = torch.log_softmax(model(torch.tensor([ids])).logits[0, -len(answer) - 1:-1], -1)
+            margins = []
+            for position, token in enumerate(answer):
+                others = torch.cat([logprobs[position, :token], logprobs[position, token + 1:]])
+                margins.append(float(logprobs[position, token] - others.max()))
+            assert float(row.margin) == pytest.approx(min(margins), abs=1e-4)
+            assert (float(row.margin) > 0) == row.argmax_correct
+            verdicts.add(row.argmax_correct)
+    assert verdicts == {True, False}  # both signs were met
+    apply(model, Spec.from_scales([1.0] * 4))
+
+
 def test_the_curve_basis_is_the_spec_read_off():
     basis = _basis([0.0, 7 / 3, 14 / 3, 7.0], 8)
     control = np.array([1.0, 2.5, 0.7, 3.0])

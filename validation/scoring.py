@@ -250,6 +250,9 @@ class AnswerLogprob:
     example_id: int
     logprob: torch.Tensor
     argmax_correct: bool
+    # The answer's worst token: its log-probability minus the best other token's. Positive iff every answer
+    # token is the argmax, so its sign is the verdict; a 0-d tensor, as `logprob`.
+    margin: torch.Tensor | None = None
 
 
 def answer_logprob_batches(model, tokenizer, examples: Sequence[Example], batch_size: int = 8, *,
@@ -278,10 +281,18 @@ def answer_logprob_batches(model, tokenizer, examples: Sequence[Example], batch_
         out = []
         for row, i in enumerate(batch):
             answer = encoded[i].answer_ids
-            token_logprobs = logprobs[row, keep - len(answer):].gather(-1, torch.tensor(answer, device=device)[:, None])
-            argmax = logprobs[row, keep - len(answer):].argmax(-1).tolist() == answer
-            out.append(AnswerLogprob(i, token_logprobs.mean(), argmax))
+            at_answer, ids = logprobs[row, keep - len(answer):], torch.tensor(answer, device=device)
+            token_logprobs = at_answer.gather(-1, ids[:, None])
+            argmax = at_answer.argmax(-1).tolist() == answer
+            out.append(AnswerLogprob(i, token_logprobs.mean(), argmax, _worst_margin(at_answer, ids)))
         yield out, ids.numel()
+
+
+def _worst_margin(logprobs: torch.Tensor, answer: torch.Tensor) -> torch.Tensor:
+    """min over answer tokens of (the token's log-probability - the best other token's); `answer`: [n] ids."""
+    chosen = logprobs.gather(-1, answer[:, None]).squeeze(-1)
+    best_other = logprobs.scatter(-1, answer[:, None], float("-inf")).max(-1).values
+    return (chosen - best_other).min()
 
 
 def answer_logprobs(model, tokenizer, examples: Sequence[Example], batch_size: int = 8,
