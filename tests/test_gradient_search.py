@@ -95,10 +95,12 @@ def test_the_worst_token_margin_is_the_verdicts_sign_and_the_logits_own(kv_model
     verdicts = set()
     for scales in ([1.0, 1.0, 1.0, 1.0], [0.5, 0.5, 0.5, 0.5]):  # compressed, the near facts are lost
         apply(model, Spec.from_scales(scales))
-        [(rows, _)] = list(answer_logprob_batches(model, tokenizer, examples, batches=[list(range(8))]))
+        [(rows, positions)] = list(answer_logprob_batches(model, tokenizer, examples, batches=[list(range(8))]))
+        widths = []
         for example, row in zip(examples, rows):
             answer = answer_ids(tokenizer, example.prompt, example.answer)
             ids = encode_prompt(tokenizer, example.prompt) + answer
+            widths.append(len(ids) - 1)  # the scored row: prompt and answer but its last token
             with torch.no_grad():
                 logprobs = torch.log_softmax(model(torch.tensor([ids])).logits[0, -len(answer) - 1:-1], -1)
             margins = []
@@ -108,6 +110,7 @@ def test_the_worst_token_margin_is_the_verdicts_sign_and_the_logits_own(kv_model
             assert float(row.margin) == pytest.approx(min(margins), abs=1e-4)
             assert (float(row.margin) > 0) == row.argmax_correct
             verdicts.add(row.argmax_correct)
+        assert positions == len(examples) * max(widths)  # what the search counts: every padded position
     assert verdicts == {True, False}  # both signs were met
     apply(model, Spec.from_scales([1.0] * 4))
 

@@ -281,10 +281,10 @@ def answer_logprob_batches(model, tokenizer, examples: Sequence[Example], batch_
         out = []
         for row, i in enumerate(batch):
             answer = encoded[i].answer_ids
-            at_answer, ids = logprobs[row, keep - len(answer):], torch.tensor(answer, device=device)
-            token_logprobs = at_answer.gather(-1, ids[:, None])
+            at_answer, gold = logprobs[row, keep - len(answer):], torch.tensor(answer, device=device)
+            token_logprobs = at_answer.gather(-1, gold[:, None])
             argmax = at_answer.argmax(-1).tolist() == answer
-            out.append(AnswerLogprob(i, token_logprobs.mean(), argmax, _worst_margin(at_answer, ids)))
+            out.append(AnswerLogprob(i, token_logprobs.mean(), argmax, _worst_margin(at_answer, gold)))
         yield out, ids.numel()
 
 
