@@ -120,13 +120,54 @@ class LayerRope:
         return inv_freq, scaling
 
 
+class DifferentiableYarn:
+    """transformers' YaRN as a function of a factor tensor that autograd follows (lpes-search --optimizer gradient).
+
+    YaRN's `inv_freq` is `ext * keep + ext / f * (1 - keep)`: its NTK-by-parts ramp `keep` does not
+    depend on the factor f. Both `ext` and `keep` are read off transformers' own init function (at
+    factors 1 and 2), so the frequencies are transformers' at every f; the attention factor is its
+    `yarn_get_mscale` (0.1 ln f + 1 above 1), or the ratio of two of them, or the configured constant.
+    """
+
+    def __init__(self, config, own: dict, rope: dict):
+        at = {f: LayerRope(config, scheme_rope_parameters(own, config.max_position_embeddings, rope, f))
+              for f in (1.0, 2.0)}
+        self.config = at[1.0].config
+        self._at = at
+        self._tensors: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _ext_keep(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if device not in self._tensors:
+            ext, _ = self._at[1.0].init(self._at[1.0].config, device)
+            at_two, _ = self._at[2.0].init(self._at[2.0].config, device)
+            self._tensors[device] = ext, 2 * at_two / ext - 1  # at f = 2: ext * (keep + (1 - keep) / 2)
+        return self._tensors[device]
+
+    def frequencies(self, factor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inv_freq, attention factor) at `factor` (a 0-d tensor), both in the graph."""
+        ext, keep = self._ext_keep(factor.device)
+        inv_freq = ext.to(factor.dtype) * (keep.to(factor.dtype) + (1 - keep.to(factor.dtype)) / factor)
+        parameters = self.config.rope_parameters
+        if parameters.get("attention_factor") is not None:
+            return inv_freq, torch.as_tensor(float(parameters["attention_factor"]), dtype=factor.dtype)
+        mscale, mscale_all_dim = parameters.get("mscale"), parameters.get("mscale_all_dim")
+        if mscale and mscale_all_dim:
+            return inv_freq, _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
+        return inv_freq, _yarn_mscale(factor)
+
+
+def _yarn_mscale(factor: torch.Tensor, mscale: float = 1.0) -> torch.Tensor:
+    """transformers' `yarn_get_mscale` on a tensor: 1 up to factor 1, then 0.1 * mscale * ln(factor) + 1."""
+    return torch.where(factor <= 1, torch.ones_like(factor), 0.1 * mscale * torch.log(factor.clamp_min(1)) + 1)
+
+
 class LayerScaledRotary(nn.Module):
     """Wraps a model's rotary module; also yields each distinct scale's `(cos, sin)` under the scheme `rope`."""
 
     def __init__(self, base: nn.Module, scales_by_type: dict[str | None, list[float]], interleaved: bool,
                  rope: dict | None = None, config=None, layer_scales: torch.Tensor | None = None,
                  layer_types: list[str | None] | None = None):
-        """`layer_scales` (linear only): one scale per layer as a tensor that autograd follows (lpes-search
+        """`layer_scales` (linear or yarn): one scale per layer as a tensor that autograd follows (lpes-search
         --optimizer gradient); every layer then gets its own (cos, sin), at 1.0 too, in `per_layer`."""
         super().__init__()
         self.base = base
@@ -151,8 +192,12 @@ class LayerScaledRotary(nn.Module):
                 for scale in scales:
                     parameters = scheme_rope_parameters(own, config.max_position_embeddings, self.rope, scale)
                     self.layer_ropes[(layer_type, scale)] = LayerRope(config, parameters)
-        if layer_scales is not None and rope_type != "linear":
-            raise ValueError("differentiable layer scales are for the linear scheme only")
+        if layer_scales is not None and rope_type == "dynamic":
+            raise ValueError("differentiable layer scales are for the linear and yarn schemes only")
+        self.yarn: DifferentiableYarn | None = None
+        if layer_scales is not None and rope_type == "yarn":
+            config = config if config is not None else base.config
+            self.yarn = DifferentiableYarn(config, dict(config.rope_parameters), self.rope)
         # Filled by forward, read by the decoder layers' pre-hooks within the same model call.
         self.per_scale: dict[tuple[str | None, float], tuple[torch.Tensor, torch.Tensor]] = {}
         self.per_layer: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -186,9 +231,14 @@ class LayerScaledRotary(nn.Module):
         scaling = rope_attribute(self.base, "attention_scaling", layer_type)
         angles = torch.promote_types(self.layer_scales.dtype, torch.float32)  # float64 for a gradient check
         for h, own_type in enumerate(self.layer_types):
-            if own_type == layer_type:
-                self.per_layer[h] = rope_cos_sin(inv_freq / self.layer_scales[h], position_ids, scaling, dtype,
-                                                 self.interleaved, angles)
+            if own_type != layer_type:
+                continue
+            if self.yarn is not None:
+                layer_inv_freq, layer_scaling = self.yarn.frequencies(self.layer_scales[h])
+            else:
+                layer_inv_freq, layer_scaling = inv_freq / self.layer_scales[h], scaling
+            self.per_layer[h] = rope_cos_sin(layer_inv_freq, position_ids, layer_scaling, dtype, self.interleaved,
+                                             angles)
 
 
 def rope_attribute(rotary: nn.Module, name: str, layer_type: str | None = None):
@@ -245,7 +295,7 @@ def apply_layer_scales(
     `{"rope_type": "dynamic"}` give layer h transformers' RoPE of that type at factor
     scales[h]. `layer_types` names each layer's RoPE type for models with per-layer-type RoPE
     (Gemma 3's `config.layer_types`); None for a single rotary. Applying twice replaces the
-    earlier scales. A 1-D tensor of `scales` (linear only) is differentiable: autograd reaches each
+    earlier scales. A 1-D tensor of `scales` (linear or yarn) is differentiable: autograd reaches each
     layer's scale through its (cos, sin), for lpes-search --optimizer gradient.
     """
     layers = resolve_attribute(model, layers_path)

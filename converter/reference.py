@@ -19,7 +19,7 @@ from torch import nn
 from lpes.converter import lpes_rope
 from lpes.converter.architectures import architecture_for
 from lpes.foundation.errors import LpesError
-from lpes.foundation.spec import RopeScheme, Spec, StockRope
+from lpes.foundation.spec import LINEAR_ROPE, RopeScheme, Spec, StockRope
 
 # model -> its own rotary module, while a stock RoPE stands in for it (kept off the module tree).
 _OWN_ROTARY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -35,12 +35,15 @@ def apply(model: nn.Module, spec: Spec) -> nn.Module:
     return lpes_rope.apply_layer_scales(model, list(spec.scales), rope=rope, **kwargs)
 
 
-def apply_differentiable(model: nn.Module, scales: torch.Tensor) -> nn.Module:
-    """Each decoder layer at `inv_freq / scales[h]` (linear), with autograd following `scales` into the
-    model's loss: what lpes-search --optimizer gradient descends. Re-apply after each change of `scales`."""
+def apply_differentiable(model: nn.Module, scales: torch.Tensor, rope: RopeScheme = LINEAR_ROPE) -> nn.Module:
+    """Each decoder layer at `inv_freq / scales[h]` (linear) or transformers' YaRN at factor `scales[h]`, with
+    autograd following `scales` into the model's loss: what lpes-search --optimizer gradient descends.
+    Re-apply after each change of `scales`."""
     if scales.shape != (model.config.num_hidden_layers,):
         raise ValueError(f"{tuple(scales.shape)} scales for {model.config.num_hidden_layers} decoder layers")
-    return lpes_rope.apply_layer_scales(model, scales, **_patch_kwargs(model))
+    kwargs = _patch_kwargs(model)
+    check_rope_scheme(model.config, rope)
+    return lpes_rope.apply_layer_scales(model, scales, rope=None if rope.linear else rope.for_lpes_rope(), **kwargs)
 
 
 def _patch_kwargs(model: nn.Module) -> dict:

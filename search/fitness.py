@@ -95,7 +95,8 @@ class ModelEvaluator:
         results = []
         for start in range(0, len(batches), self.pool.size):
             round_ = batches[start:start + self.pool.size]
-            for result in self.pool.gradient_many([(scales, ids, [weights[i] for i in ids]) for ids in round_]):
+            jobs = [(scales, ids, [weights[i] for i in ids], self.rope) for ids in round_]
+            for result in self.pool.gradient_many(jobs):
                 self._count(result, passes=BACKWARD_PASSES)
                 results.append(result)
         return results

@@ -39,6 +39,7 @@ import numpy as np
 
 from lpes.foundation.bezier import layer_scales
 from lpes.foundation.errors import LpesError
+from lpes.foundation.spec import RopeScheme
 from lpes.search.ga import GASettings, Scored, SearchState
 from lpes.search.genome import Curve, SearchSpace
 from lpes.search.objective import LIKELIHOODS, weighted
@@ -222,14 +223,15 @@ def _fixed_batches(lengths: list[int], batch_size: int) -> list[list[int]]:
     return [order[k:k + batch_size] for k in range(0, len(order), batch_size)]
 
 
-def check_gradient_search(space: SearchSpace, rope_linear: bool, objective: str) -> None:
+def check_gradient_search(space: SearchSpace, rope: RopeScheme, objective: str) -> None:
     """Refuse, at plan time, a gradient search that cannot run or whose problem is degenerate."""
     if objective not in LIKELIHOODS:
         raise LpesError("--optimizer gradient climbs the gold answer's likelihood: use --objective logprob or "
                         "answer-logprob (right/wrong verdicts have no gradient)")
-    if not rope_linear:
-        raise LpesError("--optimizer gradient: per-layer yarn/dynamic are not differentiable here; "
-                        "use --rope-type linear, or --optimizer cmaes")
+    if rope.length_dependent:
+        raise LpesError("--optimizer gradient: per-layer dynamic NTK moves its base with the sequence length, "
+                        "a step function of nothing the search changes; use --rope-type linear or yarn, or "
+                        "--optimizer cmaes")
     if space.degree + 1 > space.num_layers:
         raise LpesError(f"--degree {space.degree} with --optimizer gradient: {space.degree + 1} control points for "
                         f"{space.num_layers} layers leave the curve underdetermined; use --degree "

@@ -74,7 +74,7 @@ def plan_search(model: str, out: Path, options: SearchOptions, force: bool) -> S
     if options.optimizer == "gradient":
         from lpes.search.gradient import check_gradient_search
 
-        check_gradient_search(space, rope.linear, options.objective)
+        check_gradient_search(space, rope, options.objective)
         _check_backward_memory(config, [budget for _, budget in lengths], options)
     if note := dtype_note(model_path, resolve_dtype(options)):  # weights stored unlike config.json says
         print(f"lpes-search: {note}", file=sys.stderr)

@@ -10,6 +10,7 @@ import uuid
 from collections import deque
 
 from lpes.foundation.errors import LpesError
+from lpes.foundation.spec import RopeScheme
 from lpes.search.candidates import Candidate, GradientResult, ObjectiveResult, ReplicaLayout, ShareResult
 from lpes.search.replica import Replica
 from lpes.validation.examples import Example
@@ -84,7 +85,8 @@ class RayPool:
     def objective_many(self, jobs: list[tuple[Candidate, list[int]]]) -> list[ObjectiveResult]:
         return self._call_many("objective", jobs)
 
-    def gradient_many(self, jobs: list[tuple[tuple[float, ...], list[int], list[float]]]) -> list[GradientResult]:
+    def gradient_many(self, jobs: list[tuple[tuple[float, ...], list[int], list[float], RopeScheme]]
+                      ) -> list[GradientResult]:
         return self._call_many("gradient", jobs)
 
     def _call_many(self, method: str, jobs: list[tuple]) -> list:

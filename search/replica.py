@@ -11,7 +11,7 @@ from pathlib import Path
 
 from lpes.foundation.devices import format_bytes, visible_devices
 from lpes.foundation.errors import LpesError
-from lpes.foundation.spec import RopeScheme, StockRope
+from lpes.foundation.spec import LINEAR_ROPE, RopeScheme, StockRope
 from lpes.search.candidates import Candidate, GradientResult, ObjectiveResult, SchemeScales, ShareResult
 from lpes.validation.examples import Example
 
@@ -57,9 +57,9 @@ class Replica:
         return ObjectiveResult(self.slot, tuple(example_ids), tuple(logprobs), tuple(verdicts), tokens,
                                time.perf_counter() - started)
 
-    def gradient(self, scales: tuple[float, ...], example_ids: Sequence[int],
-                 weights: Sequence[float]) -> GradientResult:
-        """One forward and backward pass over the batch `example_ids` at the linear per-layer `scales`."""
+    def gradient(self, scales: tuple[float, ...], example_ids: Sequence[int], weights: Sequence[float],
+                 rope: RopeScheme = LINEAR_ROPE) -> GradientResult:
+        """One forward and backward pass over the batch `example_ids` at the per-layer `scales` under `rope`."""
         import torch
 
         from lpes.converter.reference import apply_differentiable
@@ -71,7 +71,7 @@ class Replica:
         dtype = torch.promote_types(next(self.model.parameters()).dtype, torch.float32)
         device = next(self.model.parameters()).device
         layer_scales = torch.tensor(scales, dtype=dtype, device=device, requires_grad=True)
-        apply_differentiable(self.model, layer_scales)
+        apply_differentiable(self.model, layer_scales, rope)
         examples = [self.examples[i] for i in example_ids]
         [(rows, tokens)] = list(answer_logprob_batches(self.model, self.tokenizer, examples, grad=True,
                                                        batches=[list(range(len(examples)))]))

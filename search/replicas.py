@@ -28,6 +28,7 @@ from typing import Protocol
 
 from lpes.foundation.devices import requested_devices
 from lpes.foundation.errors import LpesError
+from lpes.foundation.spec import RopeScheme
 from lpes.search.candidates import Candidate, GradientResult, ObjectiveResult, ReplicaLayout, ShareResult
 from lpes.search.ray_pool import RayPool, check_ray_address, import_ray
 from lpes.search.replica import Replica, require_accelerate
@@ -62,8 +63,9 @@ class ReplicaPool(Protocol):
         """Gold log-likelihoods of each (candidate, example ids) job, at most one job per replica, in order."""
         ...
 
-    def gradient_many(self, jobs: list[tuple[tuple[float, ...], list[int], list[float]]]) -> list[GradientResult]:
-        """Per (scales, one batch's example ids, their weights) job: the batch's objective and dJ/ds."""
+    def gradient_many(self, jobs: list[tuple[tuple[float, ...], list[int], list[float], RopeScheme]]
+                      ) -> list[GradientResult]:
+        """Per (scales, one batch's example ids, their weights, the scheme) job: the batch's objective and dJ/ds."""
         ...
 
     def close(self) -> None: ...
@@ -128,7 +130,8 @@ class LocalPool:
     def objective_many(self, jobs: list[tuple[Candidate, list[int]]]) -> list[ObjectiveResult]:
         return self._call_many("objective", jobs)
 
-    def gradient_many(self, jobs: list[tuple[tuple[float, ...], list[int], list[float]]]) -> list[GradientResult]:
+    def gradient_many(self, jobs: list[tuple[tuple[float, ...], list[int], list[float], RopeScheme]]
+                      ) -> list[GradientResult]:
         return self._call_many("gradient", jobs)
 
     def _call_many(self, method: str, jobs: list[tuple]) -> list:

@@ -10,7 +10,7 @@ import torch
 from lpes.cli import search_main
 from lpes.converter.loading import load_model, load_tokenizer, resolve_model
 from lpes.converter.reference import apply, apply_differentiable
-from lpes.foundation.spec import Spec
+from lpes.foundation.spec import LINEAR_ROPE, RopeScheme, Spec, load_spec
 from lpes.search import gradient as gradient_module
 from lpes.search.fitness import ModelEvaluator
 from lpes.search.gradient import _basis
@@ -31,9 +31,9 @@ def kv_examples(count=4, length=384):
     return [Example(e.prompt, e.answer, e.gold_index, e.num_pairs) for e in made]
 
 
-def objective(model, tokenizer, examples, scales: torch.Tensor) -> torch.Tensor:
+def objective(model, tokenizer, examples, scales: torch.Tensor, rope: RopeScheme = LINEAR_ROPE) -> torch.Tensor:
     """J(s) through the differentiable patch: the weighted mean gold log-likelihood."""
-    apply_differentiable(model, scales)
+    apply_differentiable(model, scales, rope)
     weights = gold_weights([e.gold_index for e in examples])
     [(rows, _)] = list(answer_logprob_batches(model, tokenizer, examples, grad=True,
                                               batches=[list(range(len(examples)))]))
@@ -47,7 +47,8 @@ def float64_rms_norm(self, hidden_states):
     return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
 
 
-def test_the_gradient_matches_a_finite_difference_in_float64(kv_model, monkeypatch):
+@pytest.mark.parametrize("rope", [LINEAR_ROPE, RopeScheme("yarn")], ids=["linear", "yarn"])
+def test_the_gradient_matches_a_finite_difference_in_float64(kv_model, monkeypatch, rope):
     from transformers.models.llama import modeling_llama
 
     monkeypatch.setattr(modeling_llama.LlamaRMSNorm, "forward", float64_rms_norm)
@@ -56,7 +57,7 @@ def test_the_gradient_matches_a_finite_difference_in_float64(kv_model, monkeypat
     try:
         examples = kv_examples()
         at = torch.tensor([0.9, 1.7, 2.4, 1.3], dtype=torch.float64, requires_grad=True)
-        objective(model, tokenizer, examples, at).backward()
+        objective(model, tokenizer, examples, at, rope).backward()
         step = 1e-6
         finite = []
         with torch.no_grad():
@@ -64,22 +65,24 @@ def test_the_gradient_matches_a_finite_difference_in_float64(kv_model, monkeypat
                 up, down = at.detach().clone(), at.detach().clone()
                 up[h] += step
                 down[h] -= step
-                finite.append(float(objective(model, tokenizer, examples, up)
-                                    - objective(model, tokenizer, examples, down)) / (2 * step))
+                finite.append(float(objective(model, tokenizer, examples, up, rope)
+                                    - objective(model, tokenizer, examples, down, rope)) / (2 * step))
         assert np.allclose(at.grad.numpy(), finite, rtol=1e-5, atol=1e-8), (at.grad, finite)
         assert max(abs(g) for g in finite) > 1e-3  # the scales matter here: equal gradients are not both zero
     finally:
         model.float()
 
 
-def test_the_differentiable_patch_computes_what_the_reference_does(kv_model):
+@pytest.mark.parametrize("rope", [LINEAR_ROPE, RopeScheme("yarn")], ids=["linear", "yarn"])
+def test_the_differentiable_patch_computes_what_the_reference_does(kv_model, rope):
+    """The reference runs transformers' own YaRN at each factor; the patch reads its ramp off it once."""
     model, tokenizer = kv_model
     examples = kv_examples()
-    for scales in ([1.0, 1.0, 1.0, 1.0], [1.0, 2.5, 1.5, 3.0]):
-        apply(model, Spec.from_scales(scales))
+    for scales in ([1.0, 1.0, 1.0, 1.0], [1.0, 2.5, 1.5, 3.0], [4.0, 1.25, 1.0, 2.0]):
+        apply(model, Spec.from_scales(scales, rope=rope))
         [(reference, _)] = list(answer_logprob_batches(model, tokenizer, examples, batches=[[0, 1, 2, 3]]))
         with torch.no_grad():
-            apply_differentiable(model, torch.tensor(scales))
+            apply_differentiable(model, torch.tensor(scales), rope)
             [(ours, _)] = list(answer_logprob_batches(model, tokenizer, examples, batches=[[0, 1, 2, 3]]))
         assert [float(r.logprob) for r in ours] == pytest.approx([float(r.logprob) for r in reference], abs=1e-5)
     apply(model, Spec.from_scales([1.0] * 4))
@@ -185,7 +188,7 @@ def test_a_nan_gradient_stops_with_the_last_good_checkpoint(tmp_path, monkeypatc
 
 @pytest.mark.parametrize("extra, message", [
     (["--objective", "accuracy"], "add --objective logprob"),
-    (["--rope-type", "yarn", "--scale-grid", "1:4:0.5"], "not differentiable here"),
+    (["--rope-type", "dynamic", "--scale-grid", "1:4:0.5"], "dynamic NTK moves its base"),
     (["--degree", "4"], "underdetermined"),
     (["--learning-rate", "0"], "--learning-rate must be in"),
     (["--optimizer", "ga"], "--objective logprob works with --optimizer cmaes or gradient"),
@@ -242,3 +245,27 @@ def test_a_checkpoint_of_the_full_batch_version_is_refused_on_resume(tmp_path, m
     assert err[-1] == ("lpes-search: error: the checkpoint is from gradient, not gradient 2: resume it with that, "
                        "or delete it to start over"), err
     assert state_file.read_bytes() == before and not (tmp_path / "a.json").exists()
+
+
+def test_a_per_layer_yarn_gradient_search_writes_the_curve_the_reference_scores_as_recorded(tmp_path, kv_model):
+    """--rope-type yarn --optimizer gradient descends transformers' YaRN factor per layer; the objective it
+    records for the curve it writes is the reference's (lpes.apply, transformers' own YaRN) on the calibration set."""
+    from lpes.validation.tasks import examples_for, task_config
+
+    # 4x the trained length, where YaRN's factor matters: the descent leaves the uniform scan's point.
+    data = "tiny-kv:examples=1,length=1024"
+    args = gradient_args(tmp_path / "y.json", "--rope-type", "yarn", "--scale-grid", "1:2:0.5",
+                         "--learning-rate", "0.3", "--data", data)
+    assert search_main(args) == 0
+    spec = load_spec(tmp_path / "y.json")
+    search = spec.provenance["search"]
+    assert spec.rope.rope_type == "yarn" and search["rope_type"] == "yarn"
+    assert len(set(spec.scales)) > 1 and search["fitness"] > search["history"][0]["objective"]  # it descended
+    model, tokenizer = kv_model
+    path = resolve_model("lpes-tiny-kv")
+    examples = examples_for(task_config(path, data), path, split="search")
+    apply(model, spec)
+    [(rows, _)] = list(answer_logprob_batches(model, tokenizer, examples, batches=[list(range(len(examples)))]))
+    weights = gold_weights([e.gold_index for e in examples])
+    assert search["fitness"] == pytest.approx(sum(w * float(r.logprob) for w, r in zip(weights, rows)), abs=1e-5)
+    apply(model, Spec.from_scales([1.0] * 4))
