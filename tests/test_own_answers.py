@@ -9,36 +9,43 @@ import json
 import pytest
 
 from lpes.cli import search_main
-from lpes.validation.own_answers import BARE, KEPT, SUBSTITUTED, gold_shape, own_answer_target
+from lpes.validation.own_answers import BARE, KEPT, SUBSTITUTED, gold_shape, own_answer_target, question_key
 
 GOLD = "240891"
+
+
+KEY = "696853"
 
 
 @pytest.mark.parametrize("generated, target, how", [
     # Right: cut after the value (the closing punctuation is form the verdict does not need).
     ('The value corresponding to the key "696853" is 240891.', 'The value corresponding to the key "696853" is 240891',
      KEPT),
-    # Wrong value: the last 6-digit span is the value (the key, named first, keeps its own digits).
+    # Wrong value: the first 6-digit span that is not the question's key is the value.
     ('The value corresponding to the key "696853" is 118204.', 'The value corresponding to the key "696853" is 240891',
      SUBSTITUTED),
     # A leading space or newline is the prompt's separator, added back when the target is tokenized.
     ('\n "696853": "118204"', '"696853": "240891', SUBSTITUTED),
+    # Gemma 3 270M writes the value first, then recites pairs: a gold value further on is not its answer.
+    (' 131011\nKey: "371493"\nCorresponding value: 240891', "240891", SUBSTITUTED),
+    (' 240891\nKey: "941235"\nCorresponding value: 9', "240891", KEPT),
     # No value written (the answer recites the prompt's opening): the bare gold.
     ('JSON data:\n{"', GOLD, BARE),
     # A longer or shorter number, or digits inside a word, is not a value of this shape.
     ('The value is 1182045 or 11820 or a118204', GOLD, BARE),
 ])
 def test_the_target_is_the_models_own_answer_with_the_gold_value(generated, target, how):
-    assert own_answer_target(generated, GOLD) == (target, how)
+    assert own_answer_target(generated, GOLD, KEY) == (target, how)
 
 
 def test_uuid_values_are_found_by_their_shape():
-    gold = "9f4a2c1e-0b7d-4e3a-8c55-1f2e3d4c5b6a"
-    opening = 'The value associated with key "a1b2c3d4-0000-4e3a-8c55-000000000000" is "'
-    target, how = own_answer_target(opening + '3c9e1a7b-52d0-4f6e-9a1b-7d8c6e5f4a3b".', gold)
+    gold, key = "9f4a2c1e-0b7d-4e3a-8c55-1f2e3d4c5b6a", "a1b2c3d4-0000-4e3a-8c55-000000000000"
+    opening = f'The value associated with key "{key}" is "'
+    target, how = own_answer_target(opening + '3c9e1a7b-52d0-4f6e-9a1b-7d8c6e5f4a3b".', gold, key)
     assert how == SUBSTITUTED and target == opening + gold
     assert gold_shape(gold).fullmatch("ffffffff-ffff-ffff-ffff-ffffffffffff")
     assert not gold_shape(gold).search("ffffffff-ffff-ffff-ffff-fffffffffff")  # one short
+    assert question_key(f'{{"{key}": "{gold}"}}\nKey: "{key}"\nCorresponding value:', gold) == key
 
 
 def test_a_value_without_digits_is_never_substituted():
@@ -64,7 +71,7 @@ def test_on_a_model_that_answers_with_the_value_alone_it_is_the_gold_likelihood(
     history = [[h["objective"] for h in s["provenance"]["search"]["history"]] for s in (own, gold)]
     assert history[0] == history[1]
     targets = own["provenance"]["search"]["answer_targets"]
-    assert sum(targets.values()) == own["provenance"]["search"]["calibration_examples"] and targets[BARE] == 0
+    assert sum(targets.values()) == own["provenance"]["search"]["calibration_examples"] and targets[KEPT] > 0
     assert "answer_targets" not in gold["provenance"]["search"]
 
 
@@ -98,5 +105,21 @@ def test_an_answer_without_a_value_borrows_the_others_form_with_its_own_key():
     assert [(t.prompt, t.gold_index) for t in targets] == [(e.prompt, e.gold_index) for e in examples]
     # With no right answer there is no form to borrow: each answer keeps its own, or the bare gold.
     targets, counts = own_answer_examples(examples[2:], said[2:])
-    assert [t.answer for t in targets] == ["394856", "123456", recited + '111111": "555555']
+    assert [t.answer for t in targets] == ["394856", "123456", recited + '555555']
     assert counts == {KEPT: 0, SUBSTITUTED: 1, BORROWED: 0, BARE: 2}
+
+
+def test_a_model_that_answers_with_the_value_first_keeps_the_bare_value_as_its_form():
+    """Gemma 3 270M's answers (bench/real/gemma3/premise/compare-unscaled.json): the value, then more pairs."""
+    from lpes.validation.examples import Example
+    from lpes.validation.own_answers import BORROWED, own_answer_examples
+
+    def example(key, value):
+        return Example(f'{{"{key}": "{value}", "111111": "222222"}}\nKey: "{key}"\nCorresponding value:', value, 0, 2)
+
+    examples = [example("371493", "142450"), example("941235", "240891"), example("819830", "344406")]
+    said = [' 131011\nKey: "371493"\nCorresponding value: 142450', ' 240891\nKey: "941235"\nCorresponding value: 9',
+            "\n\nThe JSON object below contains"]
+    targets, counts = own_answer_examples(examples, said)
+    assert [t.answer for t in targets] == ["142450", "240891", "344406"]
+    assert counts == {KEPT: 1, SUBSTITUTED: 1, BORROWED: 1, BARE: 0}

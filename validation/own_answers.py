@@ -9,15 +9,15 @@ premise, decided on a real model"). The target here is what the unscaled model i
 greedy, cut after its value, with the gold value put where its value stands: the objective then
 pays for keeping the answer's form as well as for the value.
 
-The value is found in the generated text as the gold itself, else as the last span of the gold's
-shape (the same runs of letters and digits between the same separators, with a digit in it: the
-benchmark's UUIDs, the real-model task's 6-digit numbers); the last, because the answer names the
-key before the value. The answers that held the gold give the model's answer form: an answer of
-another form (the unscaled SmolLM2 recites the JSON on most prompts it gets wrong, and a key it
-recites has the value's shape) or with no value borrows the form most right answers took, with the
-spans of the value's shape in it (the key it named) replaced by this prompt's key, the last such span
-of the prompt (the question names the key last). With no right answer, each answer keeps its own
-form, or the bare gold value where it wrote no value.
+An answer's value is the first span in it of the gold's shape (the same runs of letters and
+digits between the same separators, with a digit in it: the benchmark's UUIDs, the real-model
+task's 6-digit numbers) that is not the key the question names (the last such span of the
+prompt): SmolLM2 names the key before the value, and Gemma 3 270M writes the value first and then
+goes on reciting pairs, one of which may hold the gold. The answers whose value is the gold give
+the model's answer form (what they write before it, keys masked). An answer of another form (the
+unscaled SmolLM2 recites the JSON on most prompts it gets wrong: its first span is a recited key)
+or with no value borrows the form most right answers took, filled with its own prompt's key. With
+no right answer, each answer keeps its own form, or the bare gold value where it wrote no value.
 """
 
 from __future__ import annotations
@@ -31,9 +31,10 @@ from lpes.validation.examples import Example
 
 # How a target was made, per example; the counts go to the spec's provenance, and to stderr with what they mean.
 KEPT, SUBSTITUTED, BORROWED, BARE = "kept", "substituted", "borrowed", "bare"
-MEANING = {KEPT: "the answer held the gold value", SUBSTITUTED: "another value replaced by the gold",
-           BORROWED: "no value written: the form of the others, with this prompt's key",
+MEANING = {KEPT: "the answer's value was the gold", SUBSTITUTED: "another value replaced by the gold",
+           BORROWED: "another form, or no value: the right answers' form with this prompt's key",
            BARE: "no value written and no form to borrow: the bare gold value"}
+KEY_MASK = "\0"  # where a form names its prompt's key
 
 
 def gold_shape(gold: str) -> re.Pattern[str] | None:
@@ -45,47 +46,45 @@ def gold_shape(gold: str) -> re.Pattern[str] | None:
     return re.compile(r"(?<![0-9A-Za-z])" + "".join(parts) + r"(?![0-9A-Za-z])")
 
 
-def own_answer_target(generated: str, gold: str) -> tuple[str, str]:
-    """The text to teacher-force after the prompt, and how it was made (KEPT, SUBSTITUTED or BARE)."""
-    text = generated.lstrip()  # the prompt's separator is added back when the target is tokenized
-    at = text.find(gold)
-    if at >= 0:
-        return text[: at + len(gold)], KEPT
+def question_key(prompt: str, gold: str) -> str | None:
+    """The key the prompt's question names: its last span of the gold's shape (None if it has none)."""
     shape = gold_shape(gold)
-    spans = [m for m in shape.finditer(text) if any(c.isdigit() for c in m.group())] if shape else []
-    if spans:
-        return text[: spans[-1].start()] + gold, SUBSTITUTED
-    return gold, BARE
+    keys = [m.group() for m in shape.finditer(prompt)] if shape else []
+    return keys[-1] if keys else None
+
+
+def own_answer_target(generated: str, gold: str, key: str | None = None) -> tuple[str, str]:
+    """The text to teacher-force after the prompt, and how it was made (KEPT, SUBSTITUTED or BARE).
+
+    `key`: the question's key, which the answer may name before its value."""
+    text = generated.lstrip()  # the prompt's separator is added back when the target is tokenized
+    shape = gold_shape(gold)
+    if shape is None:  # a word: found as it is, or not at all
+        at = text.find(gold)
+        return (text[: at + len(gold)], KEPT) if at >= 0 else (gold, BARE)
+    value = next((m for m in shape.finditer(text) if m.group() != key and any(c.isdigit() for c in m.group())),
+                 None)
+    if value is None:
+        return gold, BARE
+    return text[: value.start()] + gold, KEPT if value.group() == gold else SUBSTITUTED
 
 
 def own_answer_examples(examples: Sequence[Example], generated: Sequence[str]) -> tuple[list[Example], dict[str, int]]:
-    """`examples` with each answer replaced by its own-form target, and how many targets were made each way.
-
-    The forms of the answers that held the gold are the model's answer form: a wrong value is replaced only
-    in an answer of one of those forms (not in the JSON it recites, whose first key has the value's shape);
-    other answers borrow the most common of them. With no right answer, every answer's own form counts.
-    """
-    made = [own_answer_target(text, e.answer) for e, text in zip(examples, generated, strict=True)]
-    forms = [_form(target[: len(target) - len(e.answer)], e.answer) for e, (target, _) in zip(examples, made)]
-    right = Counter(form for form, (_, how) in zip(forms, made) if how == KEPT and form)
+    """`examples` with each answer replaced by its own-form target, and how many targets were made each way."""
+    keys = [question_key(e.prompt, e.answer) for e in examples]
+    made = [own_answer_target(text, e.answer, key) for e, text, key in zip(examples, generated, keys, strict=True)]
+    forms = [_form(target[: len(target) - len(e.answer)], key) for e, (target, _), key in zip(examples, made, keys)]
+    right = Counter(form for form, (_, how) in zip(forms, made) if how == KEPT)
     counts = dict.fromkeys(MEANING, 0)
     out = []
-    for example, (target, how), form in zip(examples, made, forms):
+    for example, (target, how), form, key in zip(examples, made, forms, keys):
         if right and (how == BARE or (how == SUBSTITUTED and form not in right)):
-            target, how = _borrowed(right.most_common(1)[0][0], example), BORROWED
+            target, how = right.most_common(1)[0][0].replace(KEY_MASK, key or "") + example.answer, BORROWED
         counts[how] += 1
         out.append(replace(example, answer=target))
     return out, counts
 
 
-def _form(prefix: str, gold: str) -> str | None:
-    """The text an answer writes before its value, with each span of the value's shape (the key) as a NUL."""
-    shape = gold_shape(gold)
-    return shape.sub("\0", prefix) if shape and "\0" not in prefix else None
-
-
-def _borrowed(form: str, example: Example) -> str:
-    """`form` filled with this example's key (the last span of the value's shape in its prompt) and its gold."""
-    shape = gold_shape(example.answer)
-    keys = [m.group() for m in shape.finditer(example.prompt)] if shape else []
-    return (form.replace("\0", keys[-1]) if keys else form.replace("\0", "")) + example.answer
+def _form(prefix: str, key: str | None) -> str:
+    """What an answer writes before its value, with its prompt's key masked."""
+    return prefix.replace(KEY_MASK, "").replace(key, KEY_MASK) if key else prefix.replace(KEY_MASK, "")
