@@ -116,9 +116,9 @@ def _run(plan: SearchPlan, options: SearchOptions, state: SearchState | None, pr
     pool = open_pool(plan.model_path, plan.tokenizer, plan.examples, method=options.method,
                      batch_size=options.batch_size, dtype=plan.dtype, device=options.device, ray=options.ray,
                      replicas=options.replicas, gpus_per_replica=options.gpus_per_replica)
+    targets = _use_own_answers(pool, plan, progress) if options.objective == "answer-logprob" else None
     # Racing chunks start at one example (most hopeless genomes fail at once) and double up to one full
     # batch; with several replicas as many genomes race at once, one chunk each, so chunks do not grow with them.
-    targets = _use_own_answers(pool, plan, progress) if options.objective == "answer-logprob" else None
     settings = replace(plan.settings, chunk=options.batch_size, first_chunk=1, replicas=pool.size)
     evaluator = ModelEvaluator(pool, len(plan.examples), plan.rope)
     reporter = _Reporter(progress, UsageMeter(evaluator.usage), lambda: evaluator.forward_tokens, options.patience,
@@ -178,8 +178,8 @@ def _provenance(plan: SearchPlan, options: SearchOptions, found: _Found) -> dict
                    "best_uniform_fitness": state.uniform["fitness"] if rope.linear and state.uniform else None,
                    "uniform_scan_tokens": state.uniform["tokens"] if state.uniform else 0,
                    "stock_baselines": found.baselines, "stock_baselines_skipped": found.skipped,
-                   # What lpes-convert and lpes-validate validate on unless told otherwise (Spec.search_task).
                    **({"answer_targets": found.answer_targets} if found.answer_targets else {}),
+                   # What lpes-convert and lpes-validate validate on unless told otherwise (Spec.search_task).
                    "task": SearchTask(shareable_data(options.data), options.chat_template, plan.task.answer_tokens,
                                       (min(prompts), max(prompts))).to_json()},
         "held_out": found.held_out,
