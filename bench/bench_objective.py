@@ -9,6 +9,14 @@ forward pass counts 1, a position of a forward and backward pass 3 (search/fitne
 accuracy is the benchmark's verdict (greedy within the answer budget) on the held-out split, the
 same for every row. Writes OUT/objective.json (one row per search, its history included) and
 OUT/objective.png (held-out accuracy against tokens spent).
+
+The real models' searches run by hand (a search there takes 10-30 min on two cores; their commands are
+in bench/RESULTS.md) enter the same table and plot from their files, without running anything:
+
+    .venv/bin/python bench/bench_objective.py --models none --real bench/objective/real_rows.json
+
+where each entry of the JSON list names a model, a row, the search's spec (its tokens) and the
+bench_real_model.py compare files of the curve and of the unscaled model (held-out accuracy).
 """
 
 from __future__ import annotations
@@ -18,6 +26,8 @@ import json
 import tempfile
 import time
 from pathlib import Path
+
+from premise import load  # bench/premise.py: a compare file's answers, or position.json's unscaled row
 
 from lpes.search.run import SearchOptions, search
 
@@ -29,7 +39,8 @@ CONFIGS = {  # row name -> what differs from lpes-search's defaults
 
 
 def run(model: str, name: str, extra: dict) -> dict:
-    options = SearchOptions(baselines="none", **extra)
+    # The grid of lpes-search's defaults when this table was measured (now 0.5:4:0.25), so that it reproduces.
+    options = SearchOptions(baselines="none", scale_grid="1:4:0.25", **extra)
     with tempfile.TemporaryDirectory() as tmp:
         started = time.perf_counter()
         spec = search(model, Path(tmp) / "best.json", options, force=True, progress=False)
@@ -39,6 +50,19 @@ def run(model: str, name: str, extra: dict) -> dict:
             "tokens": found["forward_tokens"], "tokens_to_best": found["tokens_to_best_fitness"],
             "generations": found["generations_run"], "fitness": found["fitness"], "scales": list(spec.scales),
             "history": [{k: h[k] for k in ("generation", "best", "forward_tokens")} for h in found["history"]]}
+
+
+def real_row(entry: dict) -> dict:
+    """A row of a search run by hand: tokens from its spec, held-out accuracy from its compare files."""
+    spec = json.loads(Path(entry["spec"]).read_text())
+    found = spec["provenance"]["search"]
+    answers = {name: load(entry[name])[1] for name in ("lpes", "unscaled")}  # FILE or position.json:PAIRS
+    accuracy = {name: sum(a["correct"] for a in rows) / len(rows) for name, rows in answers.items()}
+    return {"model": entry["model"], "config": entry["config"], "options": {}, "seconds": None,
+            "held_out": accuracy, "held_out_prompts": len(answers["lpes"]),
+            "tokens": found["forward_tokens"], "tokens_to_best": found.get("tokens_to_best_fitness"),
+            "generations": found.get("generations_run"), "fitness": found.get("fitness"),
+            "scales": list(spec["scales"]), "spec": entry["spec"]}
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -51,8 +75,8 @@ def plot(rows: list[dict], path: Path) -> None:
     markers = dict(zip(CONFIGS, "osD"))
     for k, model in enumerate(dict.fromkeys(r["model"] for r in rows)):
         for r in (r for r in rows if r["model"] == model):
-            ax.scatter(r["tokens"], 100 * r["held_out"]["lpes"], color=f"C{k}", marker=markers[r["config"]], s=50,
-                       label=f"{model}: {r['config']}")
+            ax.scatter(r["tokens"], 100 * r["held_out"]["lpes"], color=f"C{k}", s=50,
+                       marker=markers.get(r["config"], "v"), label=f"{model}: {r['config']}")
         unscaled = next(r for r in rows if r["model"] == model)["held_out"]["unscaled"]
         ax.axhline(100 * unscaled, color=f"C{k}", linestyle=":", linewidth=1)
     ax.set_xscale("log")
@@ -68,11 +92,18 @@ def main() -> int:
     parser.add_argument("--models", default="lpes-tiny-kv,lpes-tiny-induction")
     parser.add_argument("--configs", default=",".join(CONFIGS), help="row names, comma-separated")
     parser.add_argument("--out", type=Path, default=Path("bench/objective"))
+    parser.add_argument("--real", type=Path, help="a JSON list of searches run by hand, added from their files")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     results = args.out / "objective.json"
     rows = json.loads(results.read_text()) if results.exists() else []
-    for model in args.models.split(","):
+    for entry in json.loads(args.real.read_text()) if args.real else []:
+        row = real_row(entry)
+        rows = [r for r in rows if (r["model"], r["config"]) != (row["model"], row["config"])] + [row]
+        print(f"| {row['model']} | {row['config']} | {100 * row['held_out']['unscaled']:.1f} | "
+              f"{100 * row['held_out']['lpes']:.1f} | {row['tokens']:,} |", flush=True)
+    results.write_text(json.dumps(rows, indent=1) + "\n")
+    for model in [] if args.models == "none" else args.models.split(","):
         for name in args.configs.split(","):
             rows = [r for r in rows if (r["model"], r["config"]) != (model, name)]
             row = run(model, name, CONFIGS[name])

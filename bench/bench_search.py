@@ -168,7 +168,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)  # 2 shared cores: one thread is 2-3x faster than two here (RESULTS.md, Ray section)
     args.cache.mkdir(parents=True, exist_ok=True)
-    defaults = SearchOptions()
+    defaults = SearchOptions(scale_grid="1:4:0.25")  # the default grid when its tables were measured
     bench = Bench(args.cache)
     rows, racing = [], []
 

@@ -162,7 +162,8 @@ def main() -> None:
             if cluster_cpus == cpus:
                 pool = open_pool(path, tokenizer, examples, ray="auto", replicas=min(2, cpus), **common)
                 try:
-                    options = SearchOptions(data=data, population=args.population, generations=args.generations)
+                    options = SearchOptions(data=data, population=args.population, generations=args.generations,
+                                            scale_grid="1:4:0.25")  # the default grid when it was measured
                     racing = racing_cost(pool, examples, tokenizer, options, [int(c) for c in args.counts.split(",")])
                 finally:
                     pool.close()

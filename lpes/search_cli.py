@@ -9,7 +9,9 @@ from lpes.foundation.spec import MAX_DEGREE
 from lpes.search.genome import MAX_GRID_VALUES
 from lpes.search.options import (
     DTYPE_CHOICES,
+    FACTOR_SCALE_GRID,
     GA_POPULATION,
+    LINEAR_SCALE_GRID,
     MAX_BATCH_SIZE,
     MAX_GENERATIONS,
     MAX_POPULATION,
@@ -86,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"Bezier degree, 1..{MAX_DEGREE} (default 3: cubic, as the paper)")
     parser.add_argument("--scale-grid", default=DEFAULTS.scale_grid, metavar="MIN:MAX:STEP",
                         help=f"candidate scale values, both ends included, at most {MAX_GRID_VALUES} "
-                        f"(default {DEFAULTS.scale_grid})")
+                        f"(default {LINEAR_SCALE_GRID}; {FACTOR_SCALE_GRID} with --rope-type yarn or dynamic)")
     parser.add_argument("--seed", type=int, default=DEFAULTS.seed,
                         help="seed of the search and of generated data (default %(default)s)")
     parser.add_argument("--holdout", type=int, default=DEFAULTS.holdout,

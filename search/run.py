@@ -33,7 +33,7 @@ from lpes.search.fitness import ModelEvaluator, UsageMeter
 from lpes.search.ga import GASettings, GeneticSearch, SearchState
 from lpes.search.genome import ScaleGrid
 from lpes.search.objective import LIKELIHOODS
-from lpes.search.options import SearchOptions, check_options
+from lpes.search.options import SearchOptions, check_options, with_defaults
 from lpes.search.plan import SearchPlan, gold_count, plan_search
 from lpes.search.progress import StepProgress, clock
 from lpes.search.replicas import ReplicaPool, open_pool
@@ -70,6 +70,7 @@ def search(model: str, out: str | Path, options: SearchOptions = SearchOptions()
     """
     from lpes.foundation.outputs import check_files_beside, check_output_file, locked_output
 
+    options = with_defaults(options)
     check_options(options)
     path = check_output_file(out, force)
     room = check_files_beside(path, [path.name, path.name + ".state.json", path.stem + "_curve.png",

@@ -349,3 +349,14 @@ def test_a_dynamic_search_within_the_trained_length_is_refused_before_any_scorin
     assert len(err) == 1 and "every calibration example is within the 256 positions" in err[0], err
     assert not out.exists() and "Traceback" not in "".join(err)
     assert search_main([*args, "--data", "tiny-kv:examples=1,length=512"]) == 0  # beyond 256 it searches
+
+
+@pytest.mark.parametrize(("rope_type", "grid"), [("linear", "0.5:4:0.25"), ("yarn", "1:4:0.25")])
+def test_the_default_grid_offers_compression_to_linear_scales_only(tmp_path, rope_type, grid):
+    """Without --scale-grid a linear search scans s < 1 (what helps both real models); YaRN factors start at 1,
+    so `--rope-type yarn` alone is not refused. The spec records the grid the search used, not None."""
+    args = ["lpes-tiny-kv", "--out", str(tmp_path / "best.json"), "--rope-type", rope_type, "--generations", "0",
+            "--holdout", "0", "--baselines", "none", "--data", "tiny-kv:examples=1,length=512"]
+    assert search_main(args) == 0
+    spec = json.loads((tmp_path / "best.json").read_text())
+    assert spec["provenance"]["search"]["scale_grid"] == grid
