@@ -69,11 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "curve's control scales, within the --scale-grid bounds; needs a likelihood --objective) "
                         "(default %(default)s)")
     parser.add_argument("--objective", default=DEFAULTS.objective, choices=list(OBJECTIVES),
-                        help="what the optimizer climbs: accuracy (Eq. 7, right/wrong verdicts), logprob (the "
-                        "gold answer's mean log-likelihood, each gold position weighted equally) or answer-logprob "
-                        "(the same of the unscaled model's own greedy answer with the gold value in it: for chat "
-                        "models, which answer in a sentence); held-out checks and validation report accuracy "
-                        "either way (default %(default)s)")
+                        help="what the optimizer climbs: accuracy (Eq. 7, right/wrong verdicts), answer-accuracy "
+                        "(the verdicts on the unscaled model's own greedy answer with the gold value in it, "
+                        "teacher-forced: one forward pass per prompt, for chat models, which answer in a sentence), "
+                        "logprob (the gold answer's mean log-likelihood, each gold position weighted equally) or "
+                        "answer-logprob (the same of the own answer); held-out checks and validation report "
+                        "accuracy either way (default %(default)s)")
     parser.add_argument("--learning-rate", type=float, default=DEFAULTS.learning_rate, metavar="LR",
                         help="--optimizer gradient: Adam's step in log-scale per generation (default %(default)s)")
     parser.add_argument("--population", type=int, default=DEFAULTS.population,

@@ -32,7 +32,7 @@ from lpes.search.baselines import (
 from lpes.search.fitness import ModelEvaluator, UsageMeter
 from lpes.search.ga import GASettings, GeneticSearch, SearchState
 from lpes.search.genome import ScaleGrid
-from lpes.search.objective import LIKELIHOODS
+from lpes.search.objective import LIKELIHOODS, OWN_ANSWERS
 from lpes.search.options import SearchOptions, check_options, with_defaults
 from lpes.search.plan import SearchPlan, gold_count, plan_search
 from lpes.search.progress import StepProgress, clock
@@ -93,7 +93,7 @@ class _Found:
     skipped: dict[str, str]
     held_out: dict
     layout: Any
-    answer_targets: dict[str, int] | None  # --objective answer-logprob: how many targets were made each way
+    answer_targets: dict[str, int] | None  # --objective answer-*: how many targets were made each way
 
 
 def _search(model: str, out: Path, options: SearchOptions, force: bool, progress: bool, room: str) -> Spec:
@@ -117,7 +117,7 @@ def _run(plan: SearchPlan, options: SearchOptions, state: SearchState | None, pr
     pool = open_pool(plan.model_path, plan.tokenizer, plan.examples, method=options.method,
                      batch_size=options.batch_size, dtype=plan.dtype, device=options.device, ray=options.ray,
                      replicas=options.replicas, gpus_per_replica=options.gpus_per_replica)
-    targets = _use_own_answers(pool, plan, progress) if options.objective == "answer-logprob" else None
+    targets = _use_own_answers(pool, plan, options.objective, progress) if options.objective in OWN_ANSWERS else None
     # Racing chunks start at one example (most hopeless genomes fail at once) and double up to one full
     # batch; with several replicas as many genomes race at once, one chunk each, so chunks do not grow with them.
     settings = replace(plan.settings, chunk=options.batch_size, first_chunk=1, replicas=pool.size)
@@ -133,7 +133,8 @@ def _run(plan: SearchPlan, options: SearchOptions, state: SearchState | None, pr
     # curve found can only match or beat it on calibration.
     try:
         state = search_loop(plan, options, evaluator, settings, after_generation, reporter.step).run(state)
-        if options.objective == "accuracy" and state.parents[0].fitness <= 0:  # an all-ones curve written as a finding
+        # No verdict right anywhere: the all-ones curve would be written as a finding.
+        if options.objective not in LIKELIHOODS and state.parents[0].fitness <= 0:
             plan.checkpoint.unlink(missing_ok=True)
             raise LpesError(_nothing_scored(pool, plan.tokenizer, plan.examples, layers, options, plan.task))
         spec = replace(state.parents[0].genome.spec(plan.grid, layers), rope=plan.rope)
@@ -193,7 +194,7 @@ def _say_done(out: Path, options: SearchOptions, found: _Found, seconds: float) 
     fitness, held_out = found.state.parents[0].fitness, found.held_out
     held = (f"held-out {_score(held_out['unscaled'])} -> {_score(held_out['lpes'])}" if held_out["examples"]
             else f"no held-out examples: --holdout {options.holdout}")
-    what = "fitness" if options.objective == "accuracy" else "objective: mean gold log-likelihood"
+    what = "objective: mean gold log-likelihood" if options.objective in LIKELIHOODS else "fitness"
     print(f"lpes-search: wrote {out} in {seconds:.0f}s ({what} {fitness:.3f}, {held})", file=sys.stderr)
     better = [b for b in found.baselines if b["fitness"] > fitness]  # scored by the same objective
     if better:
@@ -250,20 +251,22 @@ def _nothing_scored(pool: ReplicaPool, tokenizer, examples: list, layers: int, o
     return f"{text}. Try {', '.join(hints)}"
 
 
-def _use_own_answers(pool: ReplicaPool, plan: SearchPlan, progress: bool) -> dict[str, int]:
-    """--objective answer-logprob: the unscaled model answers every calibration prompt once (greedy), and each
+def _use_own_answers(pool: ReplicaPool, plan: SearchPlan, objective: str, progress: bool) -> dict[str, int]:
+    """--objective answer-*: the unscaled model answers every calibration prompt once (greedy), and each
     replica's targets become those answers with the gold value in place (validation/own_answers.py)."""
     from lpes.validation.own_answers import MEANING, own_answer_examples
 
     layers = plan.config.num_hidden_layers
     if progress:
-        print(f"lpes-search: answer-logprob: the unscaled model answers the {len(plan.examples)} calibration "
-              "prompts (greedy), the targets of the likelihood", file=sys.stderr, flush=True)
+        print(f"lpes-search: {objective}: the unscaled model answers the {len(plan.examples)} calibration "
+              "prompts (greedy), the targets", file=sys.stderr, flush=True)
     generated = pool.greedy_texts((1.0,) * layers, plan.examples)
     targets, counts = own_answer_examples(plan.examples, generated)
+    if objective == "answer-accuracy":  # no answer budget: the verdict is teacher-forced (scoring.calibration_correct)
+        targets = [replace(target, answer_tokens=None) for target in targets]
     pool.set_examples(targets)
-    print("lpes-search: answer-logprob targets: " + ", ".join(f"{n} {how} ({MEANING[how]})"
-                                                               for how, n in counts.items()),
+    print(f"lpes-search: {objective} targets: " + ", ".join(f"{n} {how} ({MEANING[how]})"
+                                                              for how, n in counts.items()),
           file=sys.stderr, flush=True)
     return counts
 

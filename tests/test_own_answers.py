@@ -123,3 +123,64 @@ def test_a_model_that_answers_with_the_value_first_keeps_the_bare_value_as_its_f
     targets, counts = own_answer_examples(examples, said)
     assert [t.answer for t in targets] == ["142450", "240891", "344406"]
     assert counts == {KEPT: 1, SUBSTITUTED: 1, BORROWED: 1, BARE: 0}
+
+
+def verdict_args(out, objective, *extra):
+    return ["lpes-tiny-kv", "--out", str(out), "--objective", objective, "--generations", "2", "--patience", "0",
+            "--holdout", "0", "--baselines", "none", "--data", "tiny-kv:examples=1,length=512",
+            "--scale-grid", "0.5:4:0.5", *extra]
+
+
+def test_answer_accuracy_on_a_model_that_answers_with_the_value_alone_is_accuracy(tmp_path, capsys):
+    """lpes-tiny-kv's own-form targets are its gold values and its verdict is teacher-forced already: the
+    same curve and the same verdicts at every generation as --objective accuracy, raced the same way."""
+    assert search_main(verdict_args(tmp_path / "own.json", "answer-accuracy")) == 0
+    assert "answer-accuracy targets:" in capsys.readouterr().err
+    assert search_main(verdict_args(tmp_path / "gold.json", "accuracy")) == 0
+    own, gold = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("own", "gold"))
+    assert own["scales"] == gold["scales"]
+    assert own["provenance"]["search"]["history"] == gold["provenance"]["search"]["history"]
+    assert sum(own["provenance"]["search"]["answer_targets"].values()) == 5
+
+
+def test_answer_accuracy_is_the_teacher_forced_verdict_on_the_own_answers(tmp_path, monkeypatch):
+    """With an answer budget the task's verdict generates; answer-accuracy's is one teacher-forced pass on each
+    own-answer target, checked here against plain transformers. Every other target is made the second word of
+    the model's own 8-token answer: a generated verdict (the word within the answer) counts it, teacher forcing
+    (the word as the answer's first token) does not, unless the answer repeats its first word."""
+    from dataclasses import replace
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from lpes.converter.loading import load_tokenizer, resolve_model
+    from lpes.validation import own_answers
+    from lpes.validation.scoring import answer_ids, encode_prompt
+
+    real, made = own_answers.own_answer_examples, []
+
+    def second_words(examples, generated):
+        targets, counts = real(examples, generated)
+        for i, (target, text) in enumerate(zip(targets, generated)):
+            words = text.split()
+            made.append((replace(target, answer=words[1]) if i % 2 and len(words) > 1 else target, text))
+        return [target for target, _ in made], counts
+
+    monkeypatch.setattr(own_answers, "own_answer_examples", second_words)
+    args = ["lpes-tiny-kv", "--out", str(tmp_path / "a.json"), "--objective", "answer-accuracy", "--answer-tokens",
+            "8", "--scale-grid", "1:1:1", "--generations", "0", "--holdout", "0", "--baselines", "none",
+            "--data", "tiny-kv:examples=4"]
+    assert search_main(args) == 0  # the grid's one scale, 1: the unscaled model's verdicts
+    fitness = json.loads((tmp_path / "a.json").read_text())["provenance"]["search"]["best_uniform_fitness"]
+
+    path = resolve_model("lpes-tiny-kv")
+    tokenizer, model = load_tokenizer(path), AutoModelForCausalLM.from_pretrained(path).eval()
+
+    def forced(example):
+        prompt, answer = encode_prompt(tokenizer, example.prompt), answer_ids(tokenizer, example.prompt, example.answer)
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + answer[:-1]])).logits[0, -len(answer):]
+        return logits.argmax(-1).tolist() == answer
+
+    assert fitness == pytest.approx(sum(forced(target) for target, _ in made) / len(made))
+    assert any(target.answer in text.split() and not forced(target) for target, text in made[1::2])
