@@ -16,7 +16,8 @@ in bench/RESULTS.md) enter the same table and plot from their files, without run
     .venv/bin/python bench/bench_objective.py --models none --real bench/objective/real_rows.json
 
 where each entry of the JSON list names a model, a row, the search's spec (its tokens) and the
-bench_real_model.py compare files of the curve and of the unscaled model (held-out accuracy).
+bench_real_model.py compare files of the curve and of the unscaled model (held-out accuracy); a
+curve of one scale everywhere may name that uniform scale's (or the unscaled) run, with "uniform".
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ def real_row(entry: dict) -> dict:
     """A row of a search run by hand: tokens from its spec, held-out accuracy from its compare files."""
     spec = json.loads(Path(entry["spec"]).read_text())
     found = spec["provenance"]["search"]
+    # A curve of one scale in every layer is held out by that uniform variant's run ("uniform": the scale).
+    if "uniform" in entry and set(spec["scales"]) != {entry["uniform"]}:
+        raise SystemExit(f"{entry['spec']}: not {entry['uniform']} in every layer; hold its curve out itself")
     answers = {name: load(entry[name])[1] for name in ("lpes", "unscaled")}  # FILE or position.json:PAIRS
     accuracy = {name: sum(a["correct"] for a in rows) / len(rows) for name, rows in answers.items()}
     return {"model": entry["model"], "config": entry["config"], "options": {}, "seconds": None,
@@ -72,11 +76,11 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=100)
-    markers = dict(zip(CONFIGS, "osD"))
+    markers = dict(zip([*CONFIGS, "answer-logprob / gradient", "answer-accuracy / CMA-ES"], "osDv^"))
     for k, model in enumerate(dict.fromkeys(r["model"] for r in rows)):
         for r in (r for r in rows if r["model"] == model):
             ax.scatter(r["tokens"], 100 * r["held_out"]["lpes"], color=f"C{k}", s=50,
-                       marker=markers.get(r["config"], "v"), label=f"{model}: {r['config']}")
+                       marker=markers.get(r["config"], "P"), label=f"{model}: {r['config']}")
         unscaled = next(r for r in rows if r["model"] == model)["held_out"]["unscaled"]
         ax.axhline(100 * unscaled, color=f"C{k}", linestyle=":", linewidth=1)
     ax.set_xscale("log")

@@ -19,7 +19,9 @@ of its own-answer target is the argmax, in one forward pass. Where the task's ve
 whole answer (the real models' 24-token budget) that costs a prompt's prefill and no decoding. On
 SmolLM2-135M it is the calibration signal that followed held-out accuracy along the uniform line
 (25 / 5 / 15% at s = 0.75 / 0.80 / 1.0, against 31.5 / 6.5 / 23.0 held out), where both likelihoods
-peaked at 0.80 (bench/RESULTS.md). It is a verdict: raced, and climbed by the GA or CMA-ES.
+peaked at 0.80 (bench/RESULTS.md). It is a verdict: raced, and climbed by the GA or CMA-ES. Its
+targets keep the unscaled model's form: on Gemma 3 270M, where s = 0.75 makes the model quote the
+value it wrote bare, it keeps s = 1 while the generated verdicts find 0.75 (37.0 against 24.0 held out).
 """
 
 from __future__ import annotations
