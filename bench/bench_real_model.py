@@ -104,13 +104,15 @@ def position(model_path: Path, model, tokenizer, pairs: list[int], examples: lis
 
 
 def compare(model_path: Path, model, tokenizer, spec_path: Path, variants: list[str], per_index: int,
-            out: Path, tag: str = "", uniform_scale: float | None = None) -> None:
+            out: Path, tag: str = "", uniform_scale: float | None = None, pairs: int | None = None) -> None:
     from lpes.converter.reference import apply, use_stock_rope
     from lpes.foundation.spec import Spec, load_spec
 
     spec = load_spec(spec_path, model.config.num_hidden_layers)
     layers = model.config.num_hidden_layers
     config = replace(task_config(model_path, None), examples_per_index=per_index)
+    if pairs:  # another length of the same task, gold positions spread as `position` spreads them
+        config = replace(config, num_pairs=pairs, gold_indices=None)
     items = examples_for(config, model_path, tokenizer=tokenizer, split="validation")
     for variant in variants:
         use_stock_rope(model, None)
@@ -169,7 +171,9 @@ def main() -> int:
     parser.add_argument("--variants", default="unscaled+uniform+yarn+lpes", help="compare: joined by +")
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--lengths", default="512+2048+8000", help="cost: prompt lengths, joined by +")
-    parser.add_argument("--pairs", default="20+100+350", help="position: pair counts, joined by +")
+    parser.add_argument("--pairs", default=None,
+                        help="position: pair counts, joined by + (default 20+100+350); compare: one pair count "
+                        "(default: the model's task's)")
     parser.add_argument("--examples", default="40+20+5", help="position: records per gold index, per pair count")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--tag", default="", help="compare: OUT/compare-VARIANT{TAG}.json (keeps earlier runs)")
@@ -185,9 +189,9 @@ def main() -> int:
         cost(model, tokenizer, [int(n) for n in args.lengths.split("+")])
     elif args.what == "compare":
         compare(model_path, model, tokenizer, args.spec, args.variants.split("+"), int(args.examples), args.out,
-                args.tag, args.uniform_scale)
+                args.tag, args.uniform_scale, int(args.pairs) if args.pairs else None)
     else:
-        position(model_path, model, tokenizer, [int(n) for n in args.pairs.split("+")],
+        position(model_path, model, tokenizer, [int(n) for n in (args.pairs or "20+100+350").split("+")],
                  [int(n) for n in args.examples.split("+")], args.out)
     print(json.dumps({"peak_rss_gb": round(peak_rss_gb(), 2)}))
     return 0
