@@ -74,6 +74,9 @@ class Progress:
               f"ETA {(self.total - self.done) / rate / 60:.1f} min", end="", file=sys.stderr, flush=True)
 
 
+POSITION_PAIRS = "20+100+350"  # the real-model task (about 400 tokens), then about 1,800 and 5,000 tokens
+
+
 def position(model_path: Path, model, tokenizer, pairs: list[int], examples: list[int], out: Path) -> list[dict]:
     rows = []
     for num_pairs, per_index in zip(pairs, examples, strict=True):
@@ -172,7 +175,7 @@ def main() -> int:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--lengths", default="512+2048+8000", help="cost: prompt lengths, joined by +")
     parser.add_argument("--pairs", default=None,
-                        help="position: pair counts, joined by + (default 20+100+350); compare: one pair count "
+                        help=f"position: pair counts, joined by + (default {POSITION_PAIRS}); compare: one pair count "
                         "(default: the model's task's)")
     parser.add_argument("--examples", default="40+20+5", help="position: records per gold index, per pair count")
     parser.add_argument("--threads", type=int, default=2)
@@ -191,7 +194,7 @@ def main() -> int:
         compare(model_path, model, tokenizer, args.spec, args.variants.split("+"), int(args.examples), args.out,
                 args.tag, args.uniform_scale, int(args.pairs) if args.pairs else None)
     else:
-        position(model_path, model, tokenizer, [int(n) for n in (args.pairs or "20+100+350").split("+")],
+        position(model_path, model, tokenizer, [int(n) for n in (args.pairs or POSITION_PAIRS).split("+")],
                  [int(n) for n in args.examples.split("+")], args.out)
     print(json.dumps({"peak_rss_gb": round(peak_rss_gb(), 2)}))
     return 0

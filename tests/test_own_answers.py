@@ -125,10 +125,10 @@ def test_a_model_that_answers_with_the_value_first_keeps_the_bare_value_as_its_f
     assert counts == {KEPT: 1, SUBSTITUTED: 1, BORROWED: 1, BARE: 0}
 
 
-def verdict_args(out, objective, *extra):
+def verdict_args(out, objective):
     return ["lpes-tiny-kv", "--out", str(out), "--objective", objective, "--generations", "2", "--patience", "0",
             "--holdout", "0", "--baselines", "none", "--data", "tiny-kv:examples=1,length=512",
-            "--scale-grid", "0.5:4:0.5", *extra]
+            "--scale-grid", "0.5:4:0.5"]
 
 
 def test_answer_accuracy_on_a_model_that_answers_with_the_value_alone_is_accuracy(tmp_path, capsys):
