@@ -42,7 +42,8 @@ class CachedPool:
             for line in path.read_text().splitlines():
                 row = json.loads(line)
                 if row.get("greedy"):
-                    self.greedy[row["c"]] = (row["a"], row["t"], row["s"])
+                    if "v" in row:  # a cache written before verdicts were kept holds accuracies only
+                        self.greedy[row["c"]] = (row["v"], row["t"], row["s"])
                 else:
                     self.cache[(row["c"], row["i"])] = (row["v"], row["t"], row["s"])
 
@@ -68,13 +69,13 @@ class CachedPool:
                                        sum(t for _, t, _ in known), sum(s for _, _, s in known)))
         return results
 
-    def greedy_accuracy(self, candidate, examples) -> float:
+    def greedy_verdicts(self, candidate, examples) -> list[bool]:
         key = repr(candidate) + "|" + hashlib.sha256("\n".join(e.prompt for e in examples).encode()).hexdigest()[:16]
         if key not in self.greedy:
             started = time.perf_counter()
-            accuracy = self.pool.greedy_accuracy(candidate, examples)
-            self.greedy[key] = (accuracy, len(examples), time.perf_counter() - started)
-            self._append([{"greedy": True, "c": key, "a": accuracy, "t": len(examples), "s": self.greedy[key][2]}])
+            verdicts = self.pool.greedy_verdicts(candidate, examples)
+            self.greedy[key] = (verdicts, len(examples), time.perf_counter() - started)
+            self._append([{"greedy": True, "c": key, "v": verdicts, "t": len(examples), "s": self.greedy[key][2]}])
         return self.greedy[key][0]
 
     def greedy_seconds_per_example(self) -> float:

@@ -276,6 +276,25 @@ class Spec:
         value = self.provenance.get("base_model")
         return value if isinstance(value, str) and value else None
 
+    @property
+    def decision(self) -> dict[str, Any] | None:
+        """lpes-search's held-out decision (`provenance.decision`, foundation/decision.py): None in a spec written
+        before it existed or searched with --holdout 0."""
+        decision = self.provenance.get("decision")
+        return decision if isinstance(decision, dict) else None
+
+    def as_decided(self) -> Spec:
+        """The spec of what the decision ships: the unscaled model, one scale or stock factor in every layer, or
+        this curve; the provenance (decision included) kept. Needs the scales resolved (`for_layers`)."""
+        ship = (self.decision or {}).get("ship") or {"kind": "per-layer"}
+        layers = len(self.scales)
+        if ship["kind"] == "per-layer":
+            return self
+        if ship["kind"] == "unscaled":
+            return Spec.from_scales([1.0] * layers, self.provenance)
+        rope = LINEAR_ROPE if ship["kind"] == "uniform" else RopeScheme(ship["rope_type"])
+        return Spec.from_scales([float(ship["factor"])] * layers, self.provenance, rope)
+
     def for_layers(self, num_layers: int) -> Spec:
         """This spec resolved for a model with `num_layers` decoder layers (scales filled in, count checked)."""
         if isinstance(num_layers, bool) or not isinstance(num_layers, int) or not 1 <= num_layers <= MAX_LAYERS:

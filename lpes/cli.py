@@ -86,6 +86,10 @@ def _convert_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
                         help="precision of the ONNX/TensorRT export (default: float32)")
     parser.add_argument("--force", action="store_true", help="replace an existing output folder")
+    parser.add_argument("--ship", default="decision", choices=("decision", "curve"),
+                        help="decision: what lpes-search's held-out decision names (a stock RoPE config, no custom "
+                        "code, unless the per-layer curve beat every simpler option); curve: the searched curve "
+                        "(default %(default)s)")
     parser.add_argument("--no-validate", dest="validate", action="store_false",
                         help="skip parity and key-value validation (not recommended)")
     parser.add_argument("--push-to-hub", metavar="REPO_ID", help="upload the Hub folder to this repo when done")
@@ -128,7 +132,7 @@ def _convert(argv: list[str] | None) -> int:
                              force=args.force, validate=args.validate, push_to_hub=args.push_to_hub, data=args.data,
                              max_validation_seconds=_max_seconds(args.max_minutes),
                              chat_template=args.chat_template, answer_tokens=args.answer_tokens,
-                             target_options=target_options(args))
+                             ship=args.ship, target_options=target_options(args))
     result = execute(plan(options))
     for report in result.reports:
         print(report)

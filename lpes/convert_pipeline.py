@@ -48,6 +48,7 @@ class ConvertOptions:
     max_validation_seconds: float | None = 20 * 60  # key-value scoring estimated longer is skipped; None: no limit
     chat_template: bool | None = None  # None: as the search did (the spec's provenance), else on
     answer_tokens: int | None = None  # the answer budget over the task's (None: the search's, else the task's)
+    ship: str = "decision"  # SHIP_CHOICES: what lpes-search's held-out decision names, or the per-layer curve
     # Per target name: the options of its own flags (see Target.options_from).
     target_options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -97,6 +98,7 @@ def plan(options: ConvertOptions) -> ConvertPlan:
     spec = spec.for_layers(config.num_hidden_layers)
     _warn_if_made_for_another_model(spec, config, model_path, options.model)
     check_layout(config)
+    spec, ship_note = shipped_spec(spec, options.ship, config, model_label(options.model))
     check_rope_scheme(config, spec.rope)  # per-layer yarn/dynamic need a model whose own RoPE is plain
     out = check_output_folder(options.out, model_path, options.force)
     task = None
@@ -121,13 +123,45 @@ def plan(options: ConvertOptions) -> ConvertPlan:
     for target in targets:
         target.check()
     room = check_folder_room(out, sum(t.output_bytes(out) for t in targets))  # writable, with room (preflight.py)
-    notes = [f"plan: {room}", dtype_note(model_path, options.dtype), *(t.plan_note() for t in targets),
+    notes = [f"plan: {room}", ship_note, dtype_note(model_path, options.dtype), *(t.plan_note() for t in targets),
              task.override if task else None]
     notes = [note for note in notes if note]
     return ConvertPlan(job, out, targets, force=options.force, push_to_hub=options.push_to_hub, data=options.data,
                        max_validation_seconds=options.max_validation_seconds, notes=notes,
                        chat_template=options.chat_template, answer_tokens=options.answer_tokens,
                        shown_model=str(options.model), task=task)
+
+
+SHIP_CHOICES = ("decision", "curve")
+
+
+def shipped_spec(spec: Spec, ship: str, config, model_name: str) -> tuple[Spec, str]:
+    """The spec lpes-convert writes: `decision` (default) what lpes-search's held-out decision names, a stock
+    config unless the per-layer curve won; `curve` the searched curve. Its provenance says which (`shipped`)."""
+    from lpes.converter.reference import stock_rope_unsupported
+
+    if ship not in SHIP_CHOICES:
+        raise LpesError(f"--ship must be one of {', '.join(SHIP_CHOICES)}, got {ship!r}")
+    decision = spec.decision
+    if decision is None:
+        note = ("the spec records no held-out decision (written before lpes-search made one, or --holdout 0): "
+                "shipping its curve")
+        return _marked(spec, ship, "the searched curve (no decision recorded)"), note
+    chosen = decision["ship"]
+    if ship == "curve":
+        return (_marked(spec, ship, "the searched curve (--ship curve)"),
+                f"--ship curve: shipping the searched curve, not the decision's {chosen['name']}")
+    shipped = spec.as_decided()
+    if chosen["kind"] == "stock":
+        if why := stock_rope_unsupported(config, chosen["rope_type"]):
+            raise LpesError(f"the spec's decision ships {chosen['name']}, which {model_name} cannot take ({why}); "
+                            "pass --ship curve to ship the searched curve")
+        shipped = replace(shipped, rope=shipped.rope.resolved(config))
+    return _marked(shipped, ship, chosen["name"]), f"shipping the decision, {chosen['name']}: {decision['reason']}"
+
+
+def _marked(spec: Spec, ship: str, what: str) -> Spec:
+    return replace(spec, provenance={**spec.provenance, "shipped": {"ship": ship, "what": what}})
 
 
 def _warn_if_made_for_another_model(spec: Spec, config, model_path: Path, model_name: str) -> None:

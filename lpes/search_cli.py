@@ -31,9 +31,15 @@ examples:
   lpes-search meta-llama/Llama-2-7b-chat-hf --out best.json --data kv:pairs=75,examples=40,gold=0+24+49+74
   lpes-search lpes-tiny-kv --out grad-out/best.json --optimizer gradient --objective logprob --scale-grid 0.5:4:0.25
 
-{data}The held-out examples (--holdout, default 100) come from the same description, held out as
-above, taken in turn from each gold index, and are capped at what the description holds (40
-for tiny-kv:examples=8; the search says so in one line).
+{data}The held-out examples (--holdout, default 200) come from the same description with seed
+2*S+1 (as many per gold index as it takes), or from a file's held-out half (capped at what it
+holds; the search says so in one line), taken in turn from each gold index.
+
+The search ends with a decision on them: the unscaled model, the best uniform scale, each stock
+baseline and the per-layer curve are each scored on every held-out prompt, and McNemar's exact
+test holds each against the simpler ones, on all prompts and on the middle (gold at 25-75% of
+the context). best.json's provenance.decision names the simplest that no more complex one beats
+at p < --alpha, with the table and the reason in one line; lpes-convert ships it.
 
 Fitness (Eq. 7 of the LPES paper) is the share of calibration examples answered correctly,
 checked in one forward pass per example (teacher forcing; see README). --objective logprob
@@ -93,9 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=DEFAULTS.seed,
                         help="seed of the search and of generated data (default %(default)s)")
     parser.add_argument("--holdout", type=int, default=DEFAULTS.holdout,
-                        help="held-out examples for accuracy before/after, taken in turn from each gold index; "
-                        "capped (with a note) at what the held-out data holds: the --data description with seed "
-                        "2*S+1, or a file's held-out half (default %(default)s)")
+                        help="held-out examples behind the decision, taken in turn from each gold index: the "
+                        "--data description with seed 2*S+1, or a file's held-out half (capped, with a note); "
+                        "0: no decision (default %(default)s)")
+    parser.add_argument("--alpha", type=float, default=DEFAULTS.alpha, metavar="A",
+                        help="the decision's significance level, in (0, 1): a more complex candidate ships only "
+                        "when it beats the simpler ones at p < A (default %(default)s)")
     parser.add_argument("--device", default=None, help="e.g. cuda:0,cuda:1 (default: every visible GPU, else cpu)")
     parser.add_argument("--dtype", default=DEFAULTS.dtype, choices=DTYPE_CHOICES,
                         help="precision of the searched model. auto (default): bfloat16 on a GPU that has it "
@@ -149,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         chat_template=args.chat_template, ray=args.ray, replicas=args.replicas,
         gpus_per_replica=args.gpus_per_replica, baselines=args.baselines, rope_type=args.rope_type,
         answer_tokens=args.answer_tokens, optimizer=args.optimizer, patience=args.patience,
-        objective=args.objective, learning_rate=args.learning_rate,
+        objective=args.objective, learning_rate=args.learning_rate, alpha=args.alpha,
     )
     search(args.model, args.out, options, force=args.force)
     return 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from lpes.foundation.decision import check_alpha
 from lpes.foundation.errors import LpesError
 from lpes.foundation.spec import ROPE_SCHEMES
 from lpes.search.baselines import parse_baselines
@@ -41,7 +42,9 @@ class SearchOptions:
     degree: int = 3  # the papers' cubic curve
     scale_grid: str | None = None  # None: default_scale_grid(rope_type)
     seed: int = 0
-    holdout: int = 100  # held-out examples for accuracy before/after (the paper held out 500)
+    # Held-out examples behind the decision (foundation/decision.py): 200 is the fewest here at which a
+    # 5-point gain can reach p < 0.05 with room to spare (120 when every discordant prompt goes one way).
+    holdout: int = 200
     device: str | None = None
     # auto: float32 on a CPU (half-precision matmuls there are slow and inexact), bfloat16 on a GPU
     # that has it, else float16 (lpes.foundation.devices.default_dtype); provenance records the one used.
@@ -68,6 +71,7 @@ class SearchOptions:
     # What the optimizer climbs (search/objective.py): Eq. 7's verdicts, or the gold answer's log-likelihood.
     objective: str = "accuracy"
     learning_rate: float = 0.1  # --optimizer gradient: Adam's step in log-scale (search/gradient.py)
+    alpha: float = 0.05  # the decision's significance level (McNemar's exact test, foundation/decision.py)
 
 
 # Linear scales from 0.5 to 4: compression as well as Ms-PoE's 1.2-1.8 and context extension's 2-4x. Below 1
@@ -108,6 +112,7 @@ def check_options(options: SearchOptions) -> tuple[ScaleGrid, GASettings]:
         raise LpesError(f"--ties must be one of {', '.join(TIES)}")
     if options.holdout < 0:
         raise LpesError(f"--holdout must be >= 0, got {options.holdout}")
+    check_alpha(options.alpha)
     _check_range("--batch-size", options.batch_size, 1, MAX_BATCH_SIZE)
     if options.dtype not in DTYPE_CHOICES:
         raise LpesError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, got {options.dtype!r}")

@@ -9,6 +9,7 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
+from lpes.foundation.decision import check_has_middle
 from lpes.foundation.errors import LpesError
 from lpes.foundation.spec import RopeScheme, StockRope
 from lpes.search.ga import GASettings
@@ -62,13 +63,15 @@ def plan_search(model: str, out: Path, options: SearchOptions, force: bool) -> S
     examples = examples_for(task, model_path, use_chat_template=options.chat_template, split="search")
     if not examples:
         raise LpesError("the calibration data has no examples")
-    held_out_data = examples_for(task, model_path, use_chat_template=options.chat_template, split="validation")
+    held_out_data = examples_for(_held_out_task(task, options.holdout), model_path,
+                                 use_chat_template=options.chat_template, split="validation")
     space = SearchSpace(grid, config.num_hidden_layers, options.degree)
     tokenizer = _tokenizer(model_path)
     every = examples + held_out_data  # prompts and answers apart: an answer that encodes to nothing is named
     check_vocabulary(tokenizer, [e.prompt for e in every] + [e.answer for e in every], "--data",
                      model_label(str(model)))
     holdout = _held_out_examples(held_out_data, options.holdout)
+    check_has_middle([(e.gold_index, e.num_pairs) for e in holdout], "--holdout")
     lengths = _lengths(tokenizer, examples)
     _check_scheme_reaches(config, rope, grid, max(n for _, n in lengths))
     if options.optimizer == "gradient":
@@ -121,6 +124,15 @@ def _lengths(tokenizer, examples: list) -> list[tuple[int, int]]:
 
     return [(len(e.prompt_ids), len(e.prompt_ids) + (x.answer_tokens or len(e.answer_ids)))
             for e, x in zip(encode_examples(tokenizer, examples), examples, strict=True)]
+
+
+def _held_out_task(task, holdout: int):
+    """The task the held-out examples come from: generated data gets as many per gold index as --holdout takes
+    (a file's half holds what it holds)."""
+    if task.file is not None or task.examples_per_index is None:
+        return task
+    per_index = -(-holdout // max(1, len(task.resolved_gold_indices())))
+    return replace(task, examples_per_index=max(task.examples_per_index, per_index))
 
 
 def _held_out_examples(examples: list, count: int) -> list:

@@ -95,9 +95,9 @@ class RayPool:
             raise RuntimeError("replica results came back out of order")  # ActorPool.get_next keeps order
         return results
 
-    def greedy_accuracy(self, scales: Candidate, examples: list[Example]) -> float:
-        [accuracy] = self._run_all([lambda actor: actor.greedy_accuracy.remote(scales, examples)])
-        return accuracy
+    def greedy_verdicts(self, scales: Candidate, examples: list[Example]) -> list[bool]:
+        [verdicts] = self._run_all([lambda actor: actor.greedy_verdicts.remote(scales, examples)])
+        return verdicts
 
     def greedy_texts(self, scales: Candidate, examples: list[Example]) -> list[str]:
         [texts] = self._run_all([lambda actor: actor.greedy_texts.remote(scales, examples)])

@@ -94,11 +94,13 @@ class Replica:
         """The examples the ids of later calls name (--objective answer-logprob swaps in their targets)."""
         self.examples = examples
 
-    def greedy_accuracy(self, scales: Candidate, examples: list[Example]) -> float:
+    def greedy_verdicts(self, scales: Candidate, examples: list[Example]) -> list[bool]:
+        """The benchmark's verdict (greedy, each example's answer budget) on each of `examples`."""
         from lpes.validation.scoring import greedy_correct
 
         self._use(scales)
-        return greedy_correct(self.model, self.tokenizer, examples, _batch_size(scales, self.batch_size)).accuracy
+        scores = greedy_correct(self.model, self.tokenizer, examples, _batch_size(scales, self.batch_size))
+        return [r.correct for r in scores.results]
 
     def _use(self, candidate: Candidate) -> None:
         from lpes.converter.reference import apply, use_stock_rope

@@ -47,8 +47,8 @@ class ReplicaPool(Protocol):
         """Verdicts of each (candidate, example ids) job, at most one job per replica, in order."""
         ...
 
-    def greedy_accuracy(self, scales: Candidate, examples: list[Example]) -> float:
-        """Greedy accuracy (the benchmark's test) of `scales` on `examples`, on one replica."""
+    def greedy_verdicts(self, scales: Candidate, examples: list[Example]) -> list[bool]:
+        """The benchmark's verdict (greedy) of `scales` on each of `examples`, on one replica."""
         ...
 
     def greedy_texts(self, scales: Candidate, examples: list[Example]) -> list[str]:
@@ -141,8 +141,8 @@ class LocalPool:
             return [getattr(replica, method)(*job) for replica, job in runs]
         return list(self._threads.map(lambda run: getattr(run[0], method)(*run[1]), runs))
 
-    def greedy_accuracy(self, scales: Candidate, examples: list[Example]) -> float:
-        return self.replicas[0].greedy_accuracy(scales, examples)
+    def greedy_verdicts(self, scales: Candidate, examples: list[Example]) -> list[bool]:
+        return self.replicas[0].greedy_verdicts(scales, examples)
 
     def greedy_texts(self, scales: Candidate, examples: list[Example]) -> list[str]:
         return self.replicas[0].greedy_texts(scales, examples)

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from lpes.foundation.decision import Candidate
 from lpes.foundation.errors import LpesError
 from lpes.foundation.files import write_text_atomic
 from lpes.foundation.spec import RopeScheme, SearchTask, Spec, StockRope, dump_spec
@@ -143,7 +144,7 @@ def _run(plan: SearchPlan, options: SearchOptions, state: SearchState | None, pr
                                               max(n for _, n in plan.lengths), plan.weights)
         if not plan.rope.linear:  # the uniform scan was this stock type's own scan, raced the same way
             baselines.insert(0, _uniform_as_stock(plan.rope, state, plan.grid))
-        held_out = _held_out(pool, plan.holdout, spec)
+        held_out = _held_out(pool, plan.holdout, spec, state, baselines, options.alpha, progress)
         if plan.task.answer_tokens is None:  # the one-pass check credits an answer only if it starts with the value
             said = _answers_sample(pool, plan.tokenizer, plan.examples[:8], layers, 8)
             if said:
@@ -184,7 +185,9 @@ def _provenance(plan: SearchPlan, options: SearchOptions, found: _Found) -> dict
                    # What lpes-convert and lpes-validate validate on unless told otherwise (Spec.search_task).
                    "task": SearchTask(shareable_data(options.data), options.chat_template, plan.task.answer_tokens,
                                       (min(prompts), max(prompts))).to_json()},
-        "held_out": found.held_out,
+        "held_out": {k: v for k, v in found.held_out.items() if k != "decision"},
+        # What lpes-convert ships (foundation/decision.py); None without held-out examples (--holdout 0).
+        "decision": found.held_out["decision"],
         "replicas": found.layout,
     }
 
@@ -196,6 +199,9 @@ def _say_done(out: Path, options: SearchOptions, found: _Found, seconds: float) 
             else f"no held-out examples: --holdout {options.holdout}")
     what = "objective: mean gold log-likelihood" if options.objective in LIKELIHOODS else "fitness"
     print(f"lpes-search: wrote {out} in {seconds:.0f}s ({what} {fitness:.3f}, {held})", file=sys.stderr)
+    if held_out.get("decision"):
+        print(f"lpes-search: decision: {held_out['decision']['reason']}; lpes-convert ships it (--ship curve: the "
+              "per-layer curve instead)", file=sys.stderr)
     better = [b for b in found.baselines if b["fitness"] > fitness]  # scored by the same objective
     if better:
         names = ", ".join(f"{StockRope(b['rope_type'], b['factor']).name} ({b['fitness']:.3f})" for b in better)
@@ -329,16 +335,73 @@ def _score(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
-def _held_out(pool: ReplicaPool, examples, best: Spec) -> dict:
-    """Greedy accuracy (the benchmark's test) on held-out examples, unscaled and with the found curve."""
-    from lpes.search.candidates import SchemeScales
+def _held_out(pool: ReplicaPool, examples, best: Spec, state: SearchState, baselines: list[BaselineResult],
+              alpha: float, progress: bool) -> dict:
+    """Greedy verdicts (the benchmark's test) of every candidate on the held-out examples, and the decision.
+
+    The candidates, simplest first: unscaled, the best uniform scale, each stock baseline, the per-layer
+    curve; one that computes what an earlier one does (a curve equal to the uniform scale) is not scored
+    again. foundation/decision.py decides which to ship.
+    """
+    from lpes.foundation.decision import decide, format_table, in_middle
 
     if not examples:
-        return {"examples": 0, "unscaled": None, "lpes": None}  # null, not NaN: the spec is JSON
-    found = tuple(best.scales) if best.rope.linear else SchemeScales(tuple(best.scales), best.rope)
-    accuracy = {name: pool.greedy_accuracy(candidate, examples)
-                for name, candidate in (("unscaled", (1.0,) * len(best.scales)), ("lpes", found))}
-    return {"examples": len(examples), **accuracy}
+        return {"examples": 0, "unscaled": None, "lpes": None, "decision": None}  # null, not NaN: the spec is JSON
+    candidates = _candidates(best, state, baselines)
+    verdicts: dict[str, tuple[bool, ...]] = {}
+    scored = []
+    for number, (candidate, entry) in enumerate(candidates, 1):
+        key = repr(candidate)
+        if key not in verdicts:
+            if progress:
+                print(f"lpes-search: held out {number}/{len(candidates)}: {entry['name']} on {len(examples)} "
+                      "prompts", file=sys.stderr, flush=True)
+            verdicts[key] = tuple(pool.greedy_verdicts(candidate, examples))
+        scored.append(Candidate(**entry, verdicts=verdicts[key]))
+    middle = [in_middle(e.gold_index, e.num_pairs) for e in examples]
+    decision = decide(_distinct(scored), middle, alpha)
+    for line in format_table(decision):
+        print(f"lpes-search: {line}" if line else "", file=sys.stderr)
+    curve = verdicts.get(repr(_as_candidate(best)))
+    if curve is None:  # a curve of one scale off the grid's scan (a resumed older search): scored as itself
+        curve = tuple(pool.greedy_verdicts(_as_candidate(best), examples))
+    return {"examples": len(examples), "unscaled": sum(scored[0].verdicts) / len(examples),
+            "lpes": sum(curve) / len(examples), "decision": decision}
+
+
+def _as_candidate(spec: Spec):
+    """What a replica scores for `spec`: a curve of one stock factor is that stock RoPE (lpes_rope, tested)."""
+    from lpes.search.candidates import SchemeScales
+
+    if spec.rope.linear:
+        return tuple(spec.scales)
+    if len(set(spec.scales)) == 1:
+        return spec.rope.stock(spec.scales[0])
+    return SchemeScales(tuple(spec.scales), spec.rope)
+
+
+def _candidates(best: Spec, state: SearchState, baselines: list[BaselineResult]) -> list[tuple[Any, dict]]:
+    """(what a replica scores, the decision's fields) of every candidate, simplest first."""
+    layers = len(best.scales)
+    out: list[tuple[Any, dict]] = [((1.0,) * layers, {"name": "unscaled", "kind": "unscaled"})]
+    uniform = state.uniform["scale"] if best.rope.linear and state.uniform else None
+    if uniform is not None and uniform != 1.0:
+        out.append(((float(uniform),) * layers, {"name": f"uniform s={uniform:g}", "kind": "uniform",
+                                                 "rope_type": "linear", "factor": float(uniform)}))
+    for b in baselines:
+        stock = StockRope(b["rope_type"], float(b["factor"]))
+        out.append((stock, {"name": stock.name, "kind": "stock", "rope_type": stock.rope_type,
+                            "factor": stock.factor}))
+    if len(set(best.scales)) > 1:  # a curve of one scale is the uniform (or stock) candidate above
+        out.append((_as_candidate(best), {"kind": "per-layer", "name": "per-layer curve" if best.rope.linear
+                                          else f"per-layer {best.rope.name} curve"}))
+    return out
+
+
+def _distinct(candidates: list) -> list:
+    """Candidates by name, the first of each (a stock baseline at the factor of another is the same row)."""
+    seen: set[str] = set()
+    return [c for c in candidates if not (c.name in seen or seen.add(c.name))]
 
 
 def _write_outputs(spec: Spec, state: SearchState, out: Path) -> None:
