@@ -26,7 +26,7 @@ examples:
 
 MODEL is a bundled short name (lpes-tiny-kv), a local Hugging Face folder, or a Hub id
 (downloaded when online). The spec (--curve) holds per-layer scales or a Bezier curve
-(see README, "The spec file"). Targets go into one folder:
+(see docs/search.md, "The spec file"). Targets go into one folder:
 {targets}
 Unless --no-validate, the folder is then validated as lpes-validate does (see its --help):
 the task the curve was searched on (recorded in the spec: --data, chat template, answer
@@ -36,6 +36,7 @@ minutes here it is skipped with the command to run it.
 Exit status: 0 passed, 1 validation failed (report printed), 2 bad input, or a target this
 machine cannot build (tensorrt without tensorrt or a GPU: the rest is written, with the
 recipe), 3 not validated (a check was skipped; the report says which and how to run it).
+Each target, what is shipped and how to load it: docs/targets.md; validation: docs/validation.md.
 {data}"""
 
 EXAMPLES_VALIDATE = """\
@@ -50,7 +51,7 @@ budget), else the model folder's own task, else kv with 75 pairs.
 {data}Exit status: 0 passed (every planned check ran and held), 1 failed, 2 bad input, 3 not
 validated (a check was skipped: the report says why and prints the command that runs it).
 A run that does not pass keeps earlier scored results in DIR (it writes validation.skipped.*
-or validation.failed.* beside them).
+or validation.failed.* beside them). Checks, verdicts, --data forms: docs/validation.md.
 """
 
 EXAMPLES_GENERATE = """\
@@ -63,6 +64,7 @@ must know every word of the prompt. The bundled model's words
 (validation/tiny_kv.py): p{key}_{value} a fact (key 0-63, value 0-7), f0..f31 filler,
 q{key} the query; the answer is a{value}, here a1 (the value of key 3). That model has
 no end-of-sequence token, so without --max-new-tokens 1 it writes on past the answer.
+What each target's folder holds and what runs it: docs/targets.md.
 """
 
 

@@ -309,8 +309,8 @@ def demo_words() -> str:
 
 
 def readme_demo_table() -> dict[str, dict[str, float]]:
-    """README's `make demo` table: variant (its first words) -> column -> accuracy."""
-    text = (ROOT / "README.md").read_text()
+    """docs/results.md's `make demo` table (README links to it): variant (first words) -> column -> accuracy."""
+    text = (ROOT / "docs" / "results.md").read_text()
     lines = text[text.index(f"### `{INDUCTION_MODEL}`"):].splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("| variant |"))
     end = next(i for i in range(start, len(lines)) if not lines[i].startswith("|"))

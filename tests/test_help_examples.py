@@ -1,4 +1,4 @@
-"""Every example in every --help and in the README pastes into bash and is accepted by lpes itself.
+"""Every example in every --help, in the README and in docs/*.md pastes into bash and is accepted by lpes itself.
 
 An example line is checked three ways:
 
@@ -27,6 +27,8 @@ COMMANDS = ("lpes-convert", "lpes-search", "lpes-validate", "lpes-generate")
 # First words of README shell lines (lpes commands plus the make/python lines around them).
 SHELL_WORDS = (*COMMANDS, "make", "python")
 README = Path(__file__).resolve().parents[1] / "README.md"
+# The pages README links to: their command lines are held to the same checks as README's.
+DOCS = sorted((README.parent / "docs").glob("*.md"))
 BUNDLED = "lpes-tiny-kv"
 
 
@@ -37,7 +39,7 @@ def help_examples(prog: str) -> list[str]:
 
 
 def readme_shell_lines(text: str) -> list[str]:
-    """Lines of README code blocks (indented, or fenced without a non-shell language) that start a command."""
+    """Lines of markdown code blocks (indented, or fenced without a non-shell language) that start a command."""
     lines, fence = [], None
     for line in text.splitlines():
         if line.startswith("```"):
@@ -54,6 +56,7 @@ def readme_shell_lines(text: str) -> list[str]:
 
 ALL_EXAMPLES = [(prog, line) for prog in COMMANDS for line in help_examples(prog)]
 README_LINES = readme_shell_lines(README.read_text())
+DOC_LINES = [(page.name, line) for page in DOCS for line in readme_shell_lines(page.read_text())]
 
 
 def bash_words(line: str, cwd: Path) -> list[str]:
@@ -121,6 +124,19 @@ def test_readme_line_pastes_and_parses(line, tmp_path):
     words = check_pastes(line, tmp_path)
     if words[0] in COMMANDS:
         check_accepted(words[0], words[1:])
+
+
+@pytest.mark.parametrize(("page", "line"), DOC_LINES, ids=[f"{page}: {line}" for page, line in DOC_LINES])
+def test_docs_line_pastes_and_parses(page, line, tmp_path):
+    words = check_pastes(line, tmp_path)
+    if words[0] in COMMANDS:
+        check_accepted(words[0], words[1:])
+
+
+def test_the_docs_hold_command_lines_to_check():
+    """A page moved or a block's indentation lost would otherwise leave the test above with nothing to check."""
+    pages = {page for page, _ in DOC_LINES}
+    assert {"search.md", "targets.md", "validation.md", "real-models.md"} <= pages, pages
 
 
 def test_readme_has_an_example_of_every_command():
@@ -213,27 +229,31 @@ def test_readme_lines_after_the_demo_continue_on_its_output_and_overwrite_none_o
             assert args.model == demo_model, f"switches model: {line}"
 
 
+VALIDATION_DOC = README.parent / "docs" / "validation.md"  # the page of the --data forms
+TARGETS_DOC = README.parent / "docs" / "targets.md"  # the page of --to tensorrt
+
+
 def test_every_data_form_make_demo_uses_is_documented():
     tasks = {shlex.split(line)[shlex.split(line).index("--data") + 1].split(":")[0]
              for line in make_demo_commands() if "--data" in line}
-    readme = README.read_text()
+    data_page = VALIDATION_DOC.read_text()
     search_help = build_parser("lpes-search").format_help()
     for task in tasks:
-        assert re.search(rf"^\| `{task}:", readme, re.M), f"README's Data table has no {task} row"
+        assert re.search(rf"^\| `{task}:", data_page, re.M), f"docs/validation.md's Data table has no {task} row"
         assert re.search(rf"^\s+{task}:", search_help, re.M), f"lpes-search --help names no {task} form"
 
 
 def test_tensorrt_without_a_gpu_does_what_readme_and_help_say(tmp_path, monkeypatch, capsys):
-    """No engine (no tensorrt, or no GPU): the recipe, the ONNX export kept, the exit status README names."""
+    """No engine (no tensorrt, or no GPU): the recipe, the ONNX export kept, the exit status docs/targets.md names."""
     from conftest import tiny_model_dir
 
     from lpes.cli import convert_main
     from lpes.exporters.tensorrt import build as tensorrt_build
     from lpes.foundation.spec import Spec, dump_spec
 
-    readme = " ".join(README.read_text().split())
-    said = re.search(r"keeps the ONNX export and exits (\d)", readme)
-    assert said, "README no longer says how lpes-convert --to tensorrt ends without a GPU"
+    page = " ".join(TARGETS_DOC.read_text().split())
+    said = re.search(r"keeps the ONNX export and exits (\d)", page)
+    assert said, "docs/targets.md no longer says how lpes-convert --to tensorrt ends without a GPU"
     assert re.search(r"trtexec\.sh to build it there, and exit (\d)", " ".join(
         build_parser("lpes-convert").format_help().split())).group(1) == said.group(1)
     monkeypatch.setattr(tensorrt_build, "missing_requirements", lambda: "an NVIDIA GPU (the CUDA driver reports none)")

@@ -45,3 +45,12 @@ def test_readme_block_after_the_demo_runs_and_changes_none_of_the_demos_files():
     assert NEXT.is_dir()
     generate = next(out for line, out in zip(block, outputs) if line.startswith("lpes-generate"))
     assert generate.split() == ["v5"], generate  # what README says the line prints
+
+
+@pytest.mark.skipif(not os.environ.get("LPES_AFTER_DEMO"), reason="runs after make demo: make demo-check")
+def test_what_readme_says_make_demo_leaves_is_there():
+    """README's "It leaves:" block: its first word on each line is a path under demo-out/ the demo wrote."""
+    listed = [line.split()[0] for line in block_after(README.read_text(), "It leaves:")
+              if line.split()[0].startswith(f"{DEMO_OUT}/")]
+    assert len(listed) >= 4, listed  # the block moved or lost its indentation: nothing would be checked
+    assert [path for path in listed if not (ROOT / path).exists()] == []

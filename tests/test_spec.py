@@ -115,9 +115,9 @@ def test_scales_that_disagree_with_curve_are_refused():
 
 
 def readme_spec_example() -> dict:
-    """The JSON block of README.md's "The spec file" section, as a user would copy it."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("## The spec file", 1)[1]
+    """The JSON block of docs/search.md's "The spec file" section, as a user would copy it."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "search.md").read_text()
+    section = page.split("## The spec file", 1)[1]
     return json.loads(section.split("```json", 1)[1].split("```", 1)[0])
 
 
