@@ -78,3 +78,45 @@ def architecture_for(config) -> Architecture:
     if getattr(config, "rope_parameters", None) is None:
         raise LpesError(f"model type {config.model_type!r} has no RoPE (no rope_parameters); LPES needs RoPE")
     return ARCHITECTURES.get(config.model_type, DEFAULT)
+
+
+SLIDING = "sliding_attention"  # transformers' layer_types name of a sliding-window attention layer
+
+
+def stretched_windows(config, scales, length: int) -> tuple[list[int], float]:
+    """The sliding-window layers a scale below 1 stretches past the distances they were trained on, and the
+    farthest distance they would then see.
+
+    A scale s makes a distance d look like d / s; a sliding-window layer attends to at most `sliding_window`
+    positions, so on sequences of `length` it meets distances up to min(length, window) and under s up to
+    min(length, window) / s. Past the window that layer never saw such distances (on Gemma 3 at 884 tokens
+    s = 0.75 answered 0.0%, at 374 tokens 37.0%: bench/RESULTS.md).
+    """
+    window = getattr(config, "sliding_window", None)
+    types = list(getattr(config, "layer_types", None) or [])
+    if not window or len(types) != len(scales):
+        return [], 0.0
+    reach = min(length, window)
+    layers = [h for h, (kind, s) in enumerate(zip(types, scales)) if kind == SLIDING and reach / s > window]
+    return layers, (reach / min(scales[h] for h in layers) if layers else 0.0)
+
+
+def window_warning(config, scales, length: int, what: str) -> str | None:
+    """One line naming the layers `stretched_windows` finds, None when there are none."""
+    layers, farthest = stretched_windows(config, scales, length)
+    if not layers:
+        return None
+    return (f"warning: {what} stretches the sliding windows of layers {_ranges(layers)} past the "
+            f"{config.sliding_window} positions they were trained on (at {length} positions distances look like up "
+            f"to {farthest:.0f}); expect it to break at this length")
+
+
+def _ranges(numbers: list[int]) -> str:
+    """[0, 1, 2, 4] -> "0-2, 4"."""
+    runs: list[list[int]] = []
+    for n in numbers:
+        if runs and n == runs[-1][-1] + 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)

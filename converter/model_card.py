@@ -86,19 +86,40 @@ def model_card(spec: Spec, base_model: str, config, validation_md: str = "", mea
     repo = hub_id(base_model)
     shown = repo or Path(base_model).name  # a local folder by its name only: no paths of this machine
     name = f"{shown.split('/')[-1]}-lpes"
-    sections = [
+    sections = [s for s in [
         _front_matter(repo),
         f"# {name}: {shown} {CARD_HEADING}",
         _intro(shown, repo, custom_code),
+        _decision_section(spec),
         "## What was measured\n\n" + _verdict_text(verdict, why) + _searched_text(searched_on)
         + _measured_text(spec, config, measured, searched_on),
         _load_section(name, custom_code),
         _scales_section(spec),
-    ]
+    ] if s]
     if validation_md:
         sections.append("## Validation\n\n" + validation_md.strip())
     sections.append(f"Made with lpes {spec.provenance.get('lpes_version', '')}; the full spec is in `lpes_spec.json`.")
     return "\n\n".join(sections) + "\n"
+
+
+def _decision_section(spec: Spec) -> str:
+    """What was shipped and why: lpes-search's held-out decision table (foundation/decision.py), and the override."""
+    from lpes.foundation.decision import format_table
+
+    decision, shipped = spec.decision, spec.provenance.get("shipped") or {}
+    if decision is None:
+        return ("## What ships and why\n\nThe spec records no held-out decision (written before lpes-search made "
+                "one, or searched with `--holdout 0`): this folder holds the searched curve as it is.")
+    chosen = decision["ship"]["name"]
+    if shipped.get("ship") == "curve":
+        what = (f"This folder holds the searched curve (`lpes-convert --ship curve`), not the decision's "
+                f"**{chosen}**.")
+    else:
+        what = f"This folder holds the decision, **{chosen}** (`lpes-convert --ship decision`, the default)."
+    return ("## What ships and why\n\n" + what + f" lpes-search scored every option it considered on "
+            f"{decision['prompts']} held-out prompts ({decision['middle_prompts']} with the needed fact in the middle "
+            "of the context, 25-75%) and held each against the simpler ones with McNemar's exact test; the "
+            "simplest that no more complex option beats ships.\n\n" + "\n".join(format_table(decision)))
 
 
 def _front_matter(repo: str | None) -> str:
@@ -120,9 +141,8 @@ def _intro(base_model: str, repo: str | None, custom_code: bool) -> str:
            if custom_code else "every layer shares one scale, which is stock RoPE: transformers applies it "
            "with no custom code")
     return (f"This is {base} with **Layer-specific Positional Embedding Scaling** (LPES): decoder layer *h* "
-            f"uses RoPE `inv_freq / s_h`, so it sees position *i* as *i / s_h*. A scale above 1 lets a layer "
-            f"reach further back without the position bias that makes models lose facts in the middle of a "
-            f"long context. No weight is changed and inference costs the same as the base model. The scales "
+            f"uses RoPE `inv_freq / s_h`, so it sees position *i* as *i / s_h* (one scale in every layer is "
+            f"stock RoPE scaling). No weight is changed and inference costs the same as the base model. The scales "
             f"sit in `config.json`; {how}.")
 
 

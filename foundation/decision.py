@@ -38,6 +38,7 @@ class Candidate:
     verdicts: tuple[bool, ...]
     rope_type: str | None = None  # uniform: "linear"; stock: "yarn" | "dynamic"; else None
     factor: float | None = None  # uniform: the scale; stock: the factor
+    scales: tuple[float, ...] | None = None  # per-layer: the curve's scale in each layer
 
     @property
     def level(self) -> int:
@@ -75,14 +76,15 @@ def check_alpha(alpha: float) -> float:
     return float(alpha)
 
 
-def check_has_middle(positions: Sequence[tuple[int, int]], where: str) -> None:
-    """The held-out prompts (gold index, pairs) hold some in the middle and some outside it: both tests run."""
-    middle = [in_middle(g, n) for g, n in positions]
-    if positions and (all(middle) or not any(middle)):
-        golds = sorted({g for g, _ in positions})
-        raise LpesError(f"{where}: the held-out prompts have gold positions {', '.join(map(str, golds))} only, "
-                        f"so none {'outside' if all(middle) else 'in'} the middle (gold at 25-75% of the "
-                        "context); the decision compares both: give gold positions from first to last "
+def check_positions(positions: Sequence[tuple[int, int]], where: str) -> None:
+    """The held-out prompts (gold index, pairs) put the needed fact at more than one position: one position
+    says nothing of the middle against the ends. (Several positions none of which is in the middle: the
+    decision runs on all prompts, its middle column empty.)"""
+    golds = {g / max(1, n - 1) for g, n in positions}
+    if len(golds) == 1:
+        gold, pairs = positions[0]
+        raise LpesError(f"{where}: every held-out prompt has its gold at position {gold} of {pairs}, so the decision "
+                        "cannot hold the middle against the ends; give several gold positions, first to last "
                         "(e.g. gold=0+9+19 for 20 pairs)")
 
 
@@ -153,7 +155,8 @@ def _choose(candidates: Sequence[Candidate], middle: Sequence[bool], alpha: floa
         if any(cmp.beats(alpha) for _, cmp in rivals):
             continue
         if rivals:
-            rival, cmp = min(rivals, key=lambda item: min(item[1].p, item[1].middle_p))
+            # The rival nearest to winning: one ahead on all or middle prompts before one behind, then by p.
+            rival, cmp = min(rivals, key=lambda item: (not _ahead(item[1]), min(item[1].p, item[1].middle_p)))
             return option, f"{option.name} shipped; {rival.name} not: {_gain(rival, option, cmp, middle)}"
         below = best[max(lv for lv in levels if lv < level)] if level > levels[0] else None
         if below is None:
@@ -161,6 +164,10 @@ def _choose(candidates: Sequence[Candidate], middle: Sequence[bool], alpha: floa
         cmp = compare(option, below, middle)
         return option, f"{option.name} shipped: {_gain(option, below, cmp, middle)}"
     raise AssertionError("the most complex level is never beaten")
+
+
+def _ahead(cmp: Comparison) -> bool:
+    return cmp.only_this > cmp.only_simpler or cmp.middle_only_this > cmp.middle_only_simpler
 
 
 def _gain(this: Candidate, other: Candidate, cmp: Comparison, middle: Sequence[bool]) -> str:
@@ -183,6 +190,7 @@ def _middle_accuracy(c: Candidate, middle: Sequence[bool]) -> float:
 def _row(c: Candidate, candidates: Sequence[Candidate], middle: Sequence[bool]) -> dict[str, Any]:
     simpler = [compare(c, other, middle) for other in candidates if other.level < c.level]
     return {"name": c.name, "kind": c.kind, "rope_type": c.rope_type, "factor": c.factor,
+            "scales": list(c.scales) if c.scales else None, "verdicts": "".join("1" if v else "0" for v in c.verdicts),
             "all": round(100 * sum(c.verdicts) / max(1, len(c.verdicts)), 2),
             "middle": round(_middle_accuracy(c, middle), 2),
             "right": sum(c.verdicts), "middle_right": _middle_right(c, middle),
@@ -191,7 +199,7 @@ def _row(c: Candidate, candidates: Sequence[Candidate], middle: Sequence[bool]) 
                          "middle_only_simpler": s.middle_only_simpler, "middle_p": s.middle_p} for s in simpler]}
 
 
-def format_table(decision: dict[str, Any]) -> list[str]:
+def format_table(decision: dict[str, Any], label: str = "Decision") -> list[str]:
     """The decision as Markdown: one row per candidate, its p against each simpler one, then the reason."""
     lines = [f"| candidate | all ({decision['prompts']}) | middle ({decision['middle_prompts']}) | "
              "vs simpler: only this / only simpler, p (all; middle) |", "|---|---:|---:|---|"]
@@ -202,5 +210,5 @@ def format_table(decision: dict[str, Any]) -> list[str]:
         shipped = " **(shipped)**" if row["name"] == decision["ship"]["name"] else ""
         lines.append(f"| {row['name']}{shipped} | {row['all']:.1f} | {row['middle']:.1f} | {against} |")
     lines.append("")
-    lines.append(f"Decision (McNemar's exact test, alpha {decision['alpha']:g}): {decision['reason']}")
+    lines.append(f"{label} (McNemar's exact test, alpha {decision['alpha']:g}): {decision['reason']}")
     return lines

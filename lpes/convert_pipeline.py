@@ -99,6 +99,11 @@ def plan(options: ConvertOptions) -> ConvertPlan:
     _warn_if_made_for_another_model(spec, config, model_path, options.model)
     check_layout(config)
     spec, ship_note = shipped_spec(spec, options.ship, config, model_label(options.model))
+    if spec.search_task and spec.search_task.prompt_tokens:  # a curve is specific to the length it was searched at
+        from lpes.converter.architectures import window_warning
+
+        if line := window_warning(config, spec.scales, spec.search_task.prompt_tokens[1], "the shipped scaling"):
+            _progress(line)
     check_rope_scheme(config, spec.rope)  # per-layer yarn/dynamic need a model whose own RoPE is plain
     out = check_output_folder(options.out, model_path, options.force)
     task = None

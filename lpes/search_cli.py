@@ -42,7 +42,7 @@ the context). best.json's provenance.decision names the simplest that no more co
 at p < --alpha, with the table and the reason in one line; lpes-convert ships it.
 
 Fitness (Eq. 7 of the LPES paper) is the share of calibration examples answered correctly,
-checked in one forward pass per example (teacher forcing; see README). --objective logprob
+checked in one forward pass per example (teacher forcing; docs/search.md). --objective logprob
 climbs the mean log-likelihood of the gold answer's tokens instead (each gold position counts
 the same), which moves with every curve where verdicts do not; --optimizer gradient climbs it
 by autograd through the per-layer RoPE, one Adam step per mini-batch. For a chat model, which
@@ -52,7 +52,7 @@ cannot reach the current parents are raced out early, and no scale vector is sco
 twice, so the result is that of a plain GA at a fraction of the cost (bench/RESULTS.md).
 The state is saved after every generation: run the same command again to resume an
 interrupted search. Writes the spec (--out) and, next to it, NAME_curve.png and
-NAME_fitness.png.
+NAME_fitness.png. All of it, the decision and what best.json holds: docs/search.md.
 """
 
 
@@ -102,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="held-out examples behind the decision, taken in turn from each gold index: the "
                         "--data description with seed 2*S+1, or a file's held-out half (capped, with a note); "
                         "0: no decision (default %(default)s)")
+    parser.add_argument("--exact-scan", action="store_true",
+                        help="scan the uniform scales and the stock factors by the exact race alone (default: "
+                        "successive halving first, which keeps the best third on twice the examples each round)")
     parser.add_argument("--alpha", type=float, default=DEFAULTS.alpha, metavar="A",
                         help="the decision's significance level, in (0, 1): a more complex candidate ships only "
                         "when it beats the simpler ones at p < A (default %(default)s)")
@@ -158,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         chat_template=args.chat_template, ray=args.ray, replicas=args.replicas,
         gpus_per_replica=args.gpus_per_replica, baselines=args.baselines, rope_type=args.rope_type,
         answer_tokens=args.answer_tokens, optimizer=args.optimizer, patience=args.patience,
-        objective=args.objective, learning_rate=args.learning_rate, alpha=args.alpha,
+        objective=args.objective, learning_rate=args.learning_rate, alpha=args.alpha, exact_scan=args.exact_scan,
     )
     search(args.model, args.out, options, force=args.force)
     return 0

@@ -49,8 +49,12 @@ def parse_baselines(text: str) -> tuple[str, ...]:
 
 
 def scan_stock_baselines(evaluator, rope_types: Sequence[str], grid: Sequence[float], chunk: int,
-                         progress: bool = True) -> list[BaselineResult]:
-    """Each of `rope_types` at its best factor among `grid`'s values >= 1, on the evaluator's examples."""
+                         progress: bool = True, halving: bool = False) -> list[BaselineResult]:
+    """Each of `rope_types` at its best factor among `grid`'s values >= 1, on the evaluator's examples.
+
+    `halving`: successive halving first, as the uniform scan's (search/ga.py `_halve`): every factor on the
+    same spread examples, the best third kept, on twice as many; then the exact race among those left.
+    """
     from lpes.search.progress import StepProgress
 
     factors = sorted(f for f in grid if f >= 1.0)
@@ -65,8 +69,10 @@ def scan_stock_baselines(evaluator, rope_types: Sequence[str], grid: Sequence[fl
         for rope_type in rope_types:
             tokens_before = evaluator.forward_tokens
             best_factor, best_correct = factors[0], -1
-            for factor in factors:
-                correct = _race(evaluator, StockRope(rope_type, factor), best_correct, chunk, bar)
+            met = _halve(evaluator, rope_type, factors, chunk, bar) if halving else {}
+            for factor in [f for f in factors if f not in met or met[f] is not None]:
+                correct = _race(evaluator, StockRope(rope_type, factor), best_correct, chunk, bar,
+                                *(met.get(factor) or (0, set())))
                 if correct is not None and correct > best_correct:
                     best_factor, best_correct = factor, correct
                 bar.finished(raced_out=correct is None)
@@ -106,19 +112,45 @@ def scan_stock_objective(evaluator, rope_types: Sequence[str], grid: Sequence[fl
     return results
 
 
-def _race(evaluator, rope: StockRope, to_beat: int, chunk: int, bar) -> int | None:
-    """Right answers of `rope` on every example, or None once it cannot pass `to_beat`."""
-    total, correct, done = evaluator.num_examples, 0, 0
+def _race(evaluator, rope: StockRope, to_beat: int, chunk: int, bar, correct: int = 0,
+          met: set[int] = frozenset()) -> int | None:
+    """Right answers of `rope` on every example, or None once it cannot pass `to_beat` (going on from `correct`
+    right answers on the examples `met`)."""
+    total = evaluator.num_examples
+    left = [i for i in range(total) if i not in met]
     bar.begin(rope.name)
-    while done < total:
-        if correct + total - done <= to_beat:
-            bar.skipped(total - done)
+    while left:
+        if correct + len(left) <= to_beat:
+            bar.skipped(len(left))
             return None
-        ids = list(range(done, min(done + chunk, total)))
+        ids, left = left[:chunk], left[chunk:]
         correct += sum(evaluator.correct(rope, ids))
-        done += len(ids)
         bar.computed(len(ids))
     return correct
+
+
+def _halve(evaluator, rope_type: str, factors: list[float], chunk: int, bar) -> dict[float, tuple | None]:
+    """factor -> (right answers, examples met) of the factors successive halving keeps, None for those it drops."""
+    from lpes.search.ga import HALVING_LEFT, spread
+
+    total = evaluator.num_examples
+    met: dict[float, tuple | None] = {f: (0, set()) for f in factors}
+    alive, size = list(factors), min(chunk, total)
+    while len(alive) > HALVING_LEFT and 2 * size <= total:
+        ids = spread(total, size)
+        for factor in alive:
+            correct, done = met[factor]
+            todo = [i for i in ids if i not in done]
+            met[factor] = (correct + sum(evaluator.correct(StockRope(rope_type, factor), todo)), done | set(todo))
+            bar.computed(len(todo))
+        alive.sort(key=lambda f: (-met[f][0], f))  # at a tie the smaller factor, as the race's
+        keep = max(HALVING_LEFT, -(-len(alive) // 3))
+        for factor in alive[keep:]:
+            bar.skipped(total - len(met[factor][1]))
+            bar.finished(raced_out=True)
+            met[factor] = None
+        alive, size = alive[:keep], 2 * size
+    return met
 
 
 def describe(results: list[BaselineResult]) -> str:

@@ -185,6 +185,12 @@ class CMASearch(GeneticSearch):
             hard[i] += 1
         return sorted(range(self._total), key=lambda i: (-hard[i], i))
 
+    def _margin(self, runner) -> int:
+        """A challenger is refuted at its allowed + 1-th failure along the order, after the LOOK hardest."""
+        if not isinstance(runner, _Challenger):
+            return super()._margin(runner)
+        return max(LOOK - len(runner.done), runner.allowed - len(runner.failed) + 1)
+
     def _race_incumbent(self, runners: list[_Challenger], order: list[int], state: SearchState, label: str) -> None:
         """Score each challenger along `order` until it is refuted (more failures than allowed) or scored in full.
 

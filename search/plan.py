@@ -9,7 +9,7 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
-from lpes.foundation.decision import check_has_middle
+from lpes.foundation.decision import check_positions
 from lpes.foundation.errors import LpesError
 from lpes.foundation.spec import RopeScheme, StockRope
 from lpes.search.ga import GASettings
@@ -71,7 +71,7 @@ def plan_search(model: str, out: Path, options: SearchOptions, force: bool) -> S
     check_vocabulary(tokenizer, [e.prompt for e in every] + [e.answer for e in every], "--data",
                      model_label(str(model)))
     holdout = _held_out_examples(held_out_data, options.holdout)
-    check_has_middle([(e.gold_index, e.num_pairs) for e in holdout], "--holdout")
+    check_positions([(e.gold_index, e.num_pairs) for e in holdout], "--data (held out)")
     lengths = _lengths(tokenizer, examples)
     _check_scheme_reaches(config, rope, grid, max(n for _, n in lengths))
     if options.optimizer == "gradient":

@@ -99,8 +99,11 @@ class Replica:
         from lpes.validation.scoring import greedy_correct
 
         self._use(scales)
-        scores = greedy_correct(self.model, self.tokenizer, examples, _batch_size(scales, self.batch_size))
-        return [r.correct for r in scores.results]
+        # Held out, every prompt is scored (no racing): batches of HELD_OUT_BATCHES x --batch-size share each
+        # decode step's weight reads (SmolLM2 on 2 cores: 0.54 s per prompt at 32, 0.64 at 8; bench/RESULTS.md).
+        # greedy_correct's token cap still bounds a batch of long prompts.
+        batch = _batch_size(scales, HELD_OUT_BATCHES * self.batch_size)
+        return [r.correct for r in greedy_correct(self.model, self.tokenizer, examples, batch).results]
 
     def _use(self, candidate: Candidate) -> None:
         from lpes.converter.reference import apply, use_stock_rope
@@ -115,6 +118,9 @@ class Replica:
         else:
             apply(self.model, Spec.from_scales(list(candidate)))
         self._candidate = candidate
+
+
+HELD_OUT_BATCHES = 4
 
 
 def _batch_size(candidate: Candidate, batch_size: int) -> int:

@@ -145,6 +145,7 @@ def _run(plan: SearchPlan, options: SearchOptions, state: SearchState | None, pr
         if not plan.rope.linear:  # the uniform scan was this stock type's own scan, raced the same way
             baselines.insert(0, _uniform_as_stock(plan.rope, state, plan.grid))
         held_out = _held_out(pool, plan.holdout, spec, state, baselines, options.alpha, progress)
+        _warn_stretched_windows(plan, held_out)
         if plan.task.answer_tokens is None:  # the one-pass check credits an answer only if it starts with the value
             said = _answers_sample(pool, plan.tokenizer, plan.examples[:8], layers, 8)
             if said:
@@ -237,7 +238,8 @@ def _stock_baselines(config, options: SearchOptions, evaluator: ModelEvaluator, 
                    for result in scan_stock_objective(evaluator, [rope_type], left, weights, progress)]
     else:
         results = [result for rope_type, left in factors.items()
-                   for result in scan_stock_baselines(evaluator, [rope_type], left, chunk, progress)]
+                   for result in scan_stock_baselines(evaluator, [rope_type], left, chunk, progress,
+                                                      halving=not options.exact_scan)]
     if results:
         print(f"lpes-search: {describe(results)}", file=sys.stderr)
     return results, skipped
@@ -380,6 +382,19 @@ def _as_candidate(spec: Spec):
     return SchemeScales(tuple(spec.scales), spec.rope)
 
 
+def _warn_stretched_windows(plan: SearchPlan, held_out: dict) -> None:
+    """One line per candidate whose scales below 1 stretch a sliding-window layer past its window at the longest
+    calibration or held-out length (converter/architectures.py)."""
+    from lpes.converter.architectures import window_warning
+
+    layers = plan.config.num_hidden_layers
+    longest = max(n for _, n in plan.lengths)
+    for row in (held_out.get("decision") or {}).get("rows", []):
+        scales = row.get("scales") or ([row["factor"]] * layers if row["kind"] == "uniform" else None)
+        if scales and (line := window_warning(plan.config, scales, longest, row["name"])):
+            print(f"lpes-search: {line}", file=sys.stderr)
+
+
 def _candidates(best: Spec, state: SearchState, baselines: list[BaselineResult]) -> list[tuple[Any, dict]]:
     """(what a replica scores, the decision's fields) of every candidate, simplest first."""
     layers = len(best.scales)
@@ -394,7 +409,7 @@ def _candidates(best: Spec, state: SearchState, baselines: list[BaselineResult])
                             "factor": stock.factor}))
     if len(set(best.scales)) > 1:  # a curve of one scale is the uniform (or stock) candidate above
         out.append((_as_candidate(best), {"kind": "per-layer", "name": "per-layer curve" if best.rope.linear
-                                          else f"per-layer {best.rope.name} curve"}))
+                                          else f"per-layer {best.rope.name} curve", "scales": tuple(best.scales)}))
     return out
 
 

@@ -43,6 +43,13 @@ class Row:
 
 
 ROWS = [
+    # --alpha outside (0, 1), and a held-out set with its gold at one position: the decision could not be made
+    Row("alpha-zero", (*SEARCH, "--alpha", "0"), "--alpha must be in (0, 1), got 0.0", "new"),
+    Row("alpha-one", (*SEARCH, "--alpha", "1"), "--alpha must be in (0, 1), got 1.0", "new"),
+    Row("alpha-nan", (*SEARCH, "--alpha", "nan"), "--alpha must be in (0, 1), got nan", "new"),
+    Row("alpha-word", (*SEARCH, "--alpha", "five"), "argument --alpha: invalid float value: 'five'", "new"),
+    Row("holdout-one-gold", (*SEARCH, "--data", "tiny-kv:gold=4"), "every held-out prompt has its gold at position 4",
+        "new"),
     # --baselines: a typo, or none mixed with types
     Row("baselines-typo", (*SEARCH, "--baselines", "yarm"), "unknown RoPE type 'yarm' (known: yarn, dynamic, or none)",
         "new"),

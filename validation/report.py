@@ -168,7 +168,8 @@ def validate(
     report = ValidationReport(name, kv_plan.examples if results else [], results, max_new_tokens, [rope, kv],
                               prompt_tokens=kv_plan.prompt_tokens if results else [],
                               task=task_line(task, kv_plan.tokenizer, kv_plan.prompt_tokens), setup_problem=setup,
-                              console_paths=rerun.console_paths(), searched_on=searched_on)
+                              console_paths=rerun.console_paths(), searched_on=searched_on,
+                              decision=spec.decision)
     report.warnings += kv_plan.warnings + _answer_warnings(results, kv_plan.examples)
     write_report(report, out_dir)
     _rewrite_model_card(out_dir, report, spec, config, spec.base_model or name)

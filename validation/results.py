@@ -71,6 +71,7 @@ class ValidationReport:
     # Published text -> what the console shows instead (a path as the user typed it, absolute ones included).
     console_paths: dict[str, str] = field(default_factory=dict)
     searched_on: str | None = None  # the model and/or task the curve was searched on, when not the ones measured
+    decision: dict | None = None  # lpes-search's held-out decision (the spec's), shown beside this run's test
 
     @property
     def verdict(self) -> str:
@@ -188,6 +189,7 @@ class ValidationReport:
                       "lpes-search there, not on what this table measures.", ""]
         if self.variants:
             lines += self._table()
+        lines += self._decision_lines()
         if self.harm():
             lines += [f"**Warning**: {self.harm()}.", ""]
         if self.beaten():
@@ -209,6 +211,32 @@ class ValidationReport:
         for v in self.variants:
             lines.append(_markdown_row(v, gold, len(self.examples)))
         return lines + ["", f"![accuracy by gold index]({PLOT_FILE})", ""]
+
+    def _decision_lines(self) -> list[str]:
+        """The decision's test (foundation/decision.py) on these prompts, beside lpes-search's own on its held-out
+        ones: the PyTorch variants, each held against the simpler ones, all and middle."""
+        from lpes.foundation.decision import DEFAULT_ALPHA, Candidate, decide, format_table, in_middle
+
+        scored = [v for v in self.variants if v.scores is not None and v.allowed is None and not v.same_as]
+        if not scored or scored[0].name != UNSCALED or self.setup_problem:
+            return []
+
+        def kind(v: VariantResult) -> str:
+            if v.name == UNSCALED:
+                return "unscaled"
+            return ("uniform" if v.name.startswith(UNIFORM) else "stock") if v.baseline else "per-layer"
+
+        names = {REFERENCE: "LPES reference"}
+        candidates = [Candidate(names.get(v.name, v.name), kind(v), tuple(r.correct for r in v.scores.results))
+                      for v in scored]
+        middle = [in_middle(e.gold_index, e.num_pairs) for e in self.examples]
+        alpha = self.decision["alpha"] if self.decision else DEFAULT_ALPHA
+        lines = ["The decision's test on these prompts (the PyTorch variants; exports answer as the reference):",
+                 ""] + format_table(decide(candidates, middle, alpha), "On these prompts") + [""]
+        if self.decision:
+            lines += [f"lpes-search's decision on its {self.decision['prompts']} held-out prompts: "
+                      f"{self.decision['reason']}.", ""]
+        return lines
 
     def measured(self) -> Measured | None:
         """The numbers the model card states; None when key-value scoring did not run (or measured nothing)."""

@@ -125,6 +125,9 @@ def plan_variants(spec: Spec, config, longest: int, exports, baseline_note: str 
     single = spec.rope.length_dependent  # per-layer dynamic NTK: each example's own length, as its stock twin
     if not spec.rope.linear:  # the scales are yarn/dynamic factors (lpes_rope): YaRN at 1 alone is unscaled
         twin = UNSCALED if spec.rope.rope_type == "yarn" and set(spec.scales) == {1.0} else None
+        if twin is None and len(set(spec.scales)) == 1:  # one factor everywhere: that stock baseline (a decision)
+            stock = spec.rope.stock(spec.scales[0])
+            twin = next((v.name for v in planned if v.rope == stock and v.same_as is None and not v.skipped), None)
     note = f"{twin} everywhere: scored once" if twin else ("" if spec.rope.linear else f"per-layer {spec.rope.name}")
     planned.append(PlannedVariant(REFERENCE, "reference", tuple(spec.scales), same_as=twin, note=note,
                                   one_at_a_time=single))
