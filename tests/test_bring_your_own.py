@@ -323,17 +323,12 @@ def readme_demo_table() -> dict[str, dict[str, float]]:
 
 
 def test_the_demo_closing_words_say_what_its_table_shows():
+    """The words make demo ends with hold for the demo table docs/results.md records (tests/test_readme_after_demo.py
+    checks them against a fresh demo's own output: its decision and the folder it shipped)."""
     words = demo_words()
     assert "can scale the retrieval layers" not in words and "cannot serve both" not in words
     table = readme_demo_table()
-    row = {key: next(v for name, v in table.items() if name.startswith(key))
-           for key in ("unscaled", "best uniform", "YaRN", "dynamic NTK", "LPES curve")}
-    # "it beats the best single scale on the far facts (gold 0 and 4)"
-    assert "beats the best single scale on the far facts (gold 0 and 4)" in words
-    assert all(row["LPES curve"][g] > row["best uniform"][g] for g in ("0", "4"))
-    # "the nearest facts (gold 15) stay near 50%, no better than unscaled"
-    assert "(gold 15) stay near 50%, no better than unscaled" in words
-    assert row["LPES curve"]["15"] <= row["unscaled"]["15"] and abs(row["LPES curve"]["15"] - 50) <= 10
-    # "YaRN and dynamic NTK, one setting for every layer, beat the per-layer curve overall"
-    assert "YaRN and dynamic NTK, one setting for every layer, beat the per-layer curve overall" in words
-    assert row["YaRN"]["all"] > row["LPES curve"]["all"] and row["dynamic NTK"]["all"] > row["LPES curve"]["all"]
+    row = {key: next(v for name, v in table.items() if name.startswith(key)) for key in ("YaRN", "LPES curve")}
+    assert "YaRN, one setting for every layer, answers more held-out prompts than the per-layer curve" in words
+    assert row["YaRN"]["all"] > row["LPES curve"]["all"]
+    assert "the decision is YaRN, and the curve is not shipped" in words

@@ -228,8 +228,9 @@ def test_a_decision_of_unknown_kind_is_refused_when_the_spec_is_read(tmp_path):
 
 
 def test_sliding_window_stretch_is_named_by_layer():
-    from lpes.converter.architectures import stretched_windows, window_warning
     from conftest import tiny_config
+
+    from lpes.converter.architectures import stretched_windows, window_warning
 
     config = tiny_config("gemma3_text", head_dim=8, sliding_window=512, num_hidden_layers=3,
                          layer_types=["sliding_attention", "sliding_attention", "full_attention"])
@@ -239,3 +240,19 @@ def test_sliding_window_stretch_is_named_by_layer():
     assert stretched_windows(config, [1.0, 0.75, 0.75], 884)[0] == [1]  # the full-attention layer is not named
     line = window_warning(config, [0.75] * 3, 884, "uniform s=0.75")
     assert line.startswith("warning: uniform s=0.75 stretches the sliding windows of layers 0-1 past the 512")
+
+
+def test_validation_repeats_the_decisions_test_and_names_the_searchs(tmp_path):
+    spec = _spec_with_decision(tmp_path, {"name": "uniform s=1.5", "kind": "uniform", "rope_type": "linear",
+                                          "factor": 1.5}, "uniform s=1.5 shipped: +9.0 overall over unscaled")
+    out = tmp_path / "out"
+    code, stderr = _convert([BUNDLED, "--curve", str(spec), "--to", "hf", "--out", str(out),
+                             "--data", "tiny-kv:examples=2"])
+    assert code in (0, 1), stderr  # 1: a validation check failed, which this test does not judge
+    report = (out / "validation.md").read_text()
+    assert "The decision's test on these prompts" in report
+    assert "| unscaled **(shipped)** | " in report and "On these prompts (McNemar's exact test, alpha 0.05):" in report
+    # 10 prompts cannot show a 5-point gain: this run's own test says so rather than pick a winner
+    assert "10 held-out prompts cannot show a 5-point gain" in report
+    assert "lpes-search's decision on its 200 held-out prompts: uniform s=1.5 shipped: +9.0 overall" in report
+    assert "## What ships and why" in (out / "README.md").read_text()

@@ -54,3 +54,26 @@ def test_what_readme_says_make_demo_leaves_is_there():
               if line.split()[0].startswith(f"{DEMO_OUT}/")]
     assert len(listed) >= 4, listed  # the block moved or lost its indentation: nothing would be checked
     assert [path for path in listed if not (ROOT / path).exists()] == []
+
+
+@pytest.mark.skipif(not os.environ.get("LPES_AFTER_DEMO"), reason="runs after make demo: make demo-check")
+def test_the_demo_shipped_what_its_decision_and_closing_words_say():
+    """make demo's closing words: the decision is YaRN, the per-layer curve is not shipped, and the Hub folder is
+    stock YaRN with no custom code. Read off the demo's own best.json and the folder lpes-convert wrote."""
+    import json
+
+    from test_bring_your_own import demo_words
+
+    words = demo_words()
+    decision = json.loads((DEMO / "best.json").read_text())["provenance"]["decision"]
+    assert decision["prompts"] == 200
+    assert decision["ship"]["kind"] == "stock" and decision["ship"]["rope_type"] == "yarn", decision["reason"]
+    assert "the decision is YaRN" in words
+    rows = {row["kind"]: row for row in decision["rows"]}
+    if "per-layer" in rows:  # "YaRN ... answers more held-out prompts than the per-layer curve"
+        yarn = next(row for row in decision["rows"] if row["rope_type"] == "yarn")
+        assert yarn["right"] > rows["per-layer"]["right"]
+    hub = DEMO / "lpes-tiny-induction-lpes"
+    config = json.loads((hub / "config.json").read_text())
+    assert config["rope_parameters"]["rope_type"] == "yarn" and "auto_map" not in config
+    assert not (hub / "modeling_lpes.py").exists()
