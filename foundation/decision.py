@@ -116,11 +116,10 @@ class Comparison:
 
 
 def compare(this: Candidate, simpler: Candidate, middle: Sequence[bool]) -> Comparison:
-    a, b = mcnemar(this.verdicts, simpler.verdicts)[:2]
+    a, b, p = mcnemar(this.verdicts, simpler.verdicts)
     mid_this = [v for v, m in zip(this.verdicts, middle) if m]
     mid_simpler = [v for v, m in zip(simpler.verdicts, middle) if m]
-    ma, mb, mp = mcnemar(mid_this, mid_simpler)
-    return Comparison(simpler.name, a, b, binomial_p(a, b), ma, mb, mp)
+    return Comparison(simpler.name, a, b, p, *mcnemar(mid_this, mid_simpler))
 
 
 def decide(candidates: Sequence[Candidate], middle: Sequence[bool], alpha: float = DEFAULT_ALPHA) -> dict[str, Any]:

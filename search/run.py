@@ -415,8 +415,10 @@ def _candidates(best: Spec, state: SearchState, baselines: list[BaselineResult])
 
 def _distinct(candidates: list) -> list:
     """Candidates by name, the first of each (a stock baseline at the factor of another is the same row)."""
-    seen: set[str] = set()
-    return [c for c in candidates if not (c.name in seen or seen.add(c.name))]
+    first: dict[str, Any] = {}
+    for candidate in candidates:
+        first.setdefault(candidate.name, candidate)
+    return list(first.values())
 
 
 def _write_outputs(spec: Spec, state: SearchState, out: Path) -> None:
