@@ -252,8 +252,9 @@ def _no_weights(folder: Path) -> str:
     names = sorted(p.name for p in folder.iterdir() if p.is_file())
     pickles = [n for n in names if n.endswith(PICKLE_SUFFIXES)]
     if pickles:
-        return (f"{folder} has only pickle weights ({pickles[0]}); lpes reads safetensors only, which cannot run "
-                "code: re-save the model with save_pretrained() (writes model.safetensors)")
+        return (f"{folder} has only pickle weights ({pickles[0]}); lpes never unpickles a file (unpickling can run "
+                "code) and reads safetensors only: if you trust the file, convert it with transformers, "
+                f"AutoModelForCausalLM.from_pretrained(FOLDER).save_pretrained(FOLDER) (writes {SAFETENSORS})")
     others = [n for n in names if n.endswith((".safetensors", ".gguf"))]
     if others:
         return f"{folder} has {others[0]} but no {SAFETENSORS} or {SAFETENSORS_INDEX}, which transformers reads"

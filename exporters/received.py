@@ -43,7 +43,13 @@ def check_received_folder(folder: Path) -> None:
     Call it before any runtime opens the folder (lpes-validate, lpes-generate). It also checks the
     Hub folder's weights against its config (headers only) and the JSON sidecars the runners read.
     """
-    from lpes.converter.loading import SAFETENSORS, SAFETENSORS_INDEX, inside_folder, read_generation_config
+    from lpes.converter.loading import (
+        PICKLE_SUFFIXES,
+        SAFETENSORS,
+        SAFETENSORS_INDEX,
+        inside_folder,
+        read_generation_config,
+    )
 
     folder = Path(folder)
     check_no_special_files(folder, "a received folder")  # a FIFO would block the first read (foundation/preflight.py)
@@ -62,7 +68,10 @@ def check_received_folder(folder: Path) -> None:
         for target in runtimes:
             target.check_received_file(path)
     weights = (folder / SAFETENSORS).exists() or (folder / SAFETENSORS_INDEX).exists()
-    if (folder / "config.json").is_file() and weights:
+    # A stock Hub folder (no lpes code) whose weights are pickles only: check_hub_weights refuses it now, in one
+    # line, rather than from_pretrained after the reference has been scored.
+    pickles = any(path.parent == folder and path.name.endswith(PICKLE_SUFFIXES) for path in files)
+    if (folder / "config.json").is_file() and (weights or pickles):
         check_lpes_fields(folder)
         check_hub_weights(folder)
 

@@ -14,9 +14,9 @@ the lock, repairs what a killed run left, yields the staging folder and, when th
 finishes, swaps it in atomically. `check_output_file` is the same idea for a single file
 (lpes-search's spec), whose write is atomic by itself (lpes.foundation.files.write_text_atomic);
 `locked_output` gives such a file its lock. A name beside OUT that holds something lpes did
-not make (a planted symbolic link) is refused, never followed. Staging folders are recorded
-in the user's state folder while they exist, so that every later command reports one a
-killed run left (`report_stale_staging`, foundation/stale_staging.py), with its size and how to remove it.
+not make (a planted symbolic link) is refused, never followed. A staging folder a killed run
+left is removed by the next run that writes the same OUT, which says so (with its size) once
+every check has passed; no other command mentions it (its one stderr line stays its own).
 """
 
 from __future__ import annotations
@@ -35,11 +35,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from lpes.foundation.devices import format_bytes
 from lpes.foundation.errors import LpesError, shown
 from lpes.foundation.files import fsync_path
 from lpes.foundation.interrupts import check_interrupted, shielded
 from lpes.foundation.preflight import check_room, nearest_existing
-from lpes.foundation.stale_staging import register_staging, unregister_staging
 
 MARKER = ".lpes-output"
 MARKER_FORMAT = "lpes-output"
@@ -208,7 +208,6 @@ def staged_output(out: Path, force: bool) -> Iterator[Path]:
         _check_replaceable(out, force)  # again, under the lock: another run may have written `out` since plan
         staging = _sibling(out, f"{STAGING_INFIX}{os.getpid()}")
         staging.mkdir()
-        register_staging(staging)
         try:
             _write_marker(staging)
             yield staging
@@ -217,9 +216,7 @@ def staged_output(out: Path, force: bool) -> Iterator[Path]:
         except BaseException:
             with shielded():  # a second Ctrl-C must not leave half a staging folder behind
                 shutil.rmtree(staging, ignore_errors=True)
-                unregister_staging(staging)
             raise
-        unregister_staging(staging)
 
 
 @contextmanager
@@ -299,9 +296,21 @@ def _remove_stale_staging(out: Path) -> None:
     for stale in _staging_folders(out):
         if stale.is_symlink() or not stale.is_dir():
             raise LpesError(f"{shown(stale)} is not a staging folder lpes made; remove it yourself")
+        size = _disk_bytes(stale)
         shutil.rmtree(stale, ignore_errors=True)
-        unregister_staging(stale)
-        _say(f"removed {stale.name}, left by an interrupted run")
+        _say(f"removed {stale.name} ({format_bytes(size)}), left by an interrupted run")
+
+
+def _disk_bytes(folder: Path) -> int:
+    """What `folder` takes on disk (blocks, so a sparse or half-written file counts as it is)."""
+    total = 0
+    for root, _, names in os.walk(folder):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+            except OSError:
+                pass
+    return total
 
 
 def _staging_folders(out: Path) -> list[Path]:

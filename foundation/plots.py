@@ -45,11 +45,11 @@ def legend_below(ax, columns: int = 2) -> None:
 
 def layer_positions(spec: Spec) -> list[float]:
     """Where each layer sits on the curve's x axis: x_h = P0.x + (Pd.x - P0.x) h / (L - 1)."""
-    count = len(spec.scales)
+    from lpes.foundation.bezier import layer_positions as curve_positions
+
     if spec.curve is None:
-        return [float(h) for h in range(count)]
-    first, last = spec.curve.control_points[0][0], spec.curve.control_points[-1][0]
-    return [first + (last - first) * h / max(count - 1, 1) for h in range(count)]
+        return [float(h) for h in range(len(spec.scales))]
+    return curve_positions(spec.curve.control_points, len(spec.scales))
 
 
 def plot_curve(spec: Spec, path: Path, title: str = "LPES: the RoPE scale of each decoder layer") -> Path:

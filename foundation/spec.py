@@ -63,8 +63,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from lpes.foundation import bezier
 from lpes.foundation.errors import LpesError, shown
 from lpes.foundation.files import write_bytes_atomic
@@ -110,11 +108,9 @@ class Curve:
         return len(self.control_points) - 1
 
     def scales(self, num_layers: int) -> list[float]:
-        """The per-layer scales; a Bezier curve stays within its control points' y range (clipped to it,
-        so that rounding never takes a scale past the range the control points were checked for)."""
-        ys = [y for _, y in self.control_points]
-        scales = np.clip(bezier.layer_scales(self.control_points, num_layers), min(ys), max(ys))
-        return [float(s) for s in scales]
+        """The per-layer scales, within the control points' y range; LpesError where float64 cannot evaluate
+        the curve for `num_layers` layers to within 1e-9 of its exact value (bezier.checked_layer_scales)."""
+        return bezier.checked_layer_scales(self.control_points, num_layers)
 
     def to_json(self) -> dict[str, Any]:
         return {"degree": self.degree, "control_points": [list(p) for p in self.control_points]}

@@ -53,6 +53,11 @@ def control_point(point: Any, name: str) -> tuple[float, float]:
     if not (isinstance(point, (list, tuple)) and len(point) == 2 and all(is_number(v) for v in point)):
         raise LpesError(f"spec: '{name}' must be a pair of numbers [x, y], got {show(point)}")
     x, y = point
+    for axis, value in (("x", x), ("scale (y)", y)):
+        # A JSON integer float64 cannot hold (10000000000000001 reads as 1e16, 10**400 not at all) would make
+        # two different points one, or overflow: refused rather than rounded.
+        if isinstance(value, int) and not (abs(value) <= 2**1023 and float(value) == value):
+            raise LpesError(f"spec: '{name}' has {axis} {show(value)}, which float64 cannot represent exactly")
     if not math.isfinite(x):
         raise LpesError(f"spec: '{name}' has x {show(x)}; it must be finite")
     if not MIN_SCALE <= y <= MAX_SCALE:

@@ -182,7 +182,7 @@ def _validate_parser() -> argparse.ArgumentParser:
 
 def _validate(argv: list[str] | None) -> int:
     from lpes.converter.fingerprint import searched_elsewhere
-    from lpes.converter.loading import DEFAULT_MODEL, load_config, resolve_model
+    from lpes.converter.loading import DEFAULT_MODEL, load_config, model_label, resolve_model
     from lpes.converter.trust import check_hub_code
     from lpes.converter.weights_dtype import dtype_note
     from lpes.exporters.received import check_received_folder
@@ -190,6 +190,7 @@ def _validate(argv: list[str] | None) -> int:
     from lpes.search.options import check_answer_tokens
     from lpes.validation.report import find_spec, resolve_task, validate
     from lpes.validation.report_room import check_report_room
+    from lpes.validation.task_choice import check_task_encodes
 
     args = _validate_parser().parse_args(argv)
     max_seconds = _max_seconds(args.max_minutes)
@@ -205,15 +206,14 @@ def _validate(argv: list[str] | None) -> int:
     model_path = resolve_model(model)
     config = load_config(model_path)
     elsewhere = searched_elsewhere(spec.searched_model, model_path, config, model)
-    if elsewhere:
-        print(f"lpes-validate: warning: {elsewhere}", file=sys.stderr)
     spec = spec.for_layers(config.num_hidden_layers)  # resolved once: validate() takes it as it is
     device = check_device(args.device)
     dtype = default_dtype(device) if args.dtype == "auto" else args.dtype
     task = resolve_task(model_path, spec, args.data, args.chat_template, args.answer_tokens)
-    if task.override:
-        print(f"lpes-validate: {task.override}", file=sys.stderr)
-    for line in [f"plan: {plan_line}", dtype_note(model_path, dtype)]:
+    check_task_encodes(model_path, task, model_label(model))  # words the tokenizer lacks: refused before any line
+    # Said only now that every check has passed: a refusal above is the only line on stderr.
+    for line in [f"warning: {elsewhere}" if elsewhere else None, task.override, f"plan: {plan_line}",
+                 dtype_note(model_path, dtype)]:
         if line:
             print(f"lpes-validate: {line}", file=sys.stderr)
     report = validate(model_path, args.dir, spec, data=args.data, chat_template=args.chat_template,

@@ -13,11 +13,9 @@ interchangeable.
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +29,18 @@ import torch
 # "DEBUG torch.__trace" lines. Disabled for the test session only; TORCH_TRACE still works elsewhere.
 logging.getLogger("torch.__trace").disabled = True
 
-# Every lpes command reports the staging folders that killed runs recorded in the user's state folder
-# (foundation/stale_staging.py). A run killed on this machine before, a CI job cancelled mid-test
-# say, would add that note to every command's stderr and fail each test that wants exactly one line.
-# Each test process (and the commands it starts, which inherit the environment) gets its own.
-_STATE_DIR = tempfile.mkdtemp(prefix="lpes-test-state-")
-os.environ["LPES_STATE_DIR"] = _STATE_DIR
-atexit.register(shutil.rmtree, _STATE_DIR, True)
+IS_ROOT = os.geteuid() == 0
+# Root ignores file permissions through these two capabilities; without them it is an owner like any other.
+DROP_PERMISSION_BYPASS = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
+
+
+def permission_prefix() -> list[str] | None:
+    """What to put before a command so that file permissions deny it: nothing unless the tests run as root,
+    setpriv dropping root's bypass if they do, None where that cannot be done (no setpriv here)."""
+    if not IS_ROOT:
+        return []
+    return DROP_PERMISSION_BYPASS if shutil.which("setpriv") else None
+
 
 VOCAB_SIZE = 100
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2

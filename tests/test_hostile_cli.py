@@ -8,46 +8,43 @@ code to the tools check that a marker file the code would create does not exist,
 with `y` on stdin so that a prompt, had there been one, would have been answered yes.
 
 File permissions do not deny root: when the tests run as root, the rows that rely on them
-run as an unprivileged user, or are skipped (with the reason) where that user cannot run
-this Python. The rows run four at a time (each spends seconds importing torch and transformers).
+run under setpriv with root's permission bypass (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH) dropped,
+as tests/test_preflight.py does, and are skipped (saying so) only where setpriv is missing.
+The rows run four at a time (each spends seconds importing torch and transformers).
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import os
 import pickle
-import pwd
 import resource
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import conftest
 import pytest
 
 from lpes.converter.loading import bundled_models
 
 BIN = Path(sys.executable).parent
-IS_ROOT = os.geteuid() == 0
-# File permissions do not deny root: as root, the permission rows run as this unprivileged user.
-UNPRIVILEGED = "nobody"
+RECORDS = Path(__file__).parent / "data" / "kv-retrieval-75_keys.first12.jsonl.gz"  # words lpes-tiny-kv lacks
 
 
 @dataclass(frozen=True)
 class Row:
     id: str
-    argv: tuple[str, ...]  # {model} {models} {spec} {file} {mine} {hub} {work} {marker} are filled in
+    argv: tuple[str, ...]  # {model} {models} {spec} {file} {mine} {hub} {stock_hub} {work} {marker} {records}
     message: str  # a part of the one stderr line
     setup: str | None = None  # name of a function below that prepares the sandbox
     full_disk: bool = False  # run under a 4 KiB file size limit (SIGXFSZ ignored: writes fail with EFBIG)
-    permissions: bool = False  # relies on file permissions (run unprivileged when the tests run as root)
+    permissions: bool = False  # relies on file permissions (root's bypass dropped when the tests run as root)
     unwritable: str | None = None  # a system folder that must refuse writes even to root, else the row is skipped
     unchanged: bool = True  # False: the sandbox may change (only the row's own expectations apply)
 
@@ -102,6 +99,24 @@ ROWS = [
         setup="hub_pickle_only"),
     Row("validate-auto-map-base-model", ("lpes-validate", "{hub}", "--model", "{model}"),
         "holds custom model code (auto_map", setup="auto_map_model"),
+    # issue 43: a stock Hub folder (no lpes code) with pickle weights only, refused before the reference is scored
+    Row("validate-pickle-only-stock-hub", ("lpes-validate", "{stock_hub}", "--model", "{model}"),
+        "has only pickle weights (pytorch_model.bin); lpes never unpickles", setup="stock_hub_pickle_only"),
+    Row("validate-pickle-pt-stock-hub", ("lpes-validate", "{stock_hub}", "--model", "{model}"),
+        "has only pickle weights (consolidated.pt)", setup="stock_hub_pt_only"),
+    # issue 43: --data records in words the tokenizer lacks: the refusal is the only line (no plan line before it)
+    Row("validate-records-outside-vocabulary", ("lpes-validate", "{hub}", "--model", "{model}", "--data",
+                                                "{records}"), "the word 'Extract' is not in the model's vocabulary"),
+    Row("convert-records-outside-vocabulary", (*PLAIN_CONVERT[:-2], "--data", "{records}", "--out", "{work}/out"),
+        "the word 'Extract' is not in the model's vocabulary"),
+    # issue 43: curves float64 cannot evaluate: one line naming the point, nothing written
+    Row("curve-x-far-from-zero", (*PLAIN_CONVERT, "{work}/out"), "control point P0 (x 1e+16) is too far from 0",
+        setup="curve_far_from_zero"),
+    Row("curve-x-not-representable", (*PLAIN_CONVERT, "{work}/out"),
+        "'curve.control_points[1]' has x 10000000000000001, which float64 cannot represent exactly",
+        setup="curve_unrepresentable_x"),
+    Row("curve-x-span-subnormal", (*PLAIN_CONVERT, "{work}/out"), "control point P1 (x 5e-324) is too close to P0",
+        setup="curve_subnormal_span"),
 ]
 
 
@@ -141,7 +156,7 @@ class Sandbox:
         return Path(self.fill["marker"])
 
 
-def make_sandbox(root: Path, hub_source: Path) -> Sandbox:
+def make_sandbox(root: Path, hub_source: Path, stock_hub_source: Path) -> Sandbox:
     models, work, mine = root / "models", root / "work", root / "mine"
     shutil.copytree(bundled_models()["lpes-tiny-kv"], models / "tiny")
     work.mkdir()
@@ -150,8 +165,10 @@ def make_sandbox(root: Path, hub_source: Path) -> Sandbox:
     (root / "notes.txt").write_text("a file of the user's\n")
     (root / "spec.json").write_text(json.dumps({"version": 1, "scales": [1.0, 1.5, 2.0, 1.0]}))
     shutil.copytree(hub_source, root / "hub")
+    shutil.copytree(stock_hub_source, root / "stock-hub")
     fill = {"model": models / "tiny", "models": models, "spec": root / "spec.json", "file": root / "notes.txt",
-            "mine": mine, "hub": root / "hub", "work": work, "marker": root / "CODE-RAN"}
+            "mine": mine, "hub": root / "hub", "stock_hub": root / "stock-hub", "work": work,
+            "marker": root / "CODE-RAN", "records": RECORDS}
     return Sandbox(root, {k: str(v) for k, v in fill.items()})
 
 
@@ -235,6 +252,35 @@ def hub_pickle_only(box: Sandbox) -> None:
     (box.hub / "pytorch_model.bin").write_bytes(pickle.dumps(_Unpickled(box.marker)))
 
 
+def stock_hub_pickle_only(box: Sandbox) -> None:
+    stock = Path(box.fill["stock_hub"])
+    (stock / "model.safetensors").unlink()
+    (stock / "pytorch_model.bin").write_bytes(pickle.dumps(_Unpickled(box.marker)))
+
+
+def stock_hub_pt_only(box: Sandbox) -> None:
+    stock = Path(box.fill["stock_hub"])
+    (stock / "model.safetensors").unlink()
+    (stock / "consolidated.pt").write_bytes(pickle.dumps(_Unpickled(box.marker)))
+
+
+def _curve_spec(path: Path, points: list) -> None:
+    path.write_text(json.dumps({"version": 1, "curve": {"control_points": points}}))
+
+
+def curve_far_from_zero(box: Sandbox) -> None:  # float64 spaces numbers 2 apart at 1e16: two layers one position
+    _curve_spec(Path(box.fill["spec"]), [[1e16, 4.0], [1e16 + 2, 2.0], [1e16 + 4, 1.0]])
+
+
+def curve_unrepresentable_x(box: Sandbox) -> None:  # 10000000000000001 reads as 1e16, the same as point 0
+    points = "[[10000000000000000, 4.0], [10000000000000001, 2.0], [10000000000000004, 1.0]]"
+    Path(box.fill["spec"]).write_text('{"version": 1, "curve": {"control_points": ' + points + "}}")
+
+
+def curve_subnormal_span(box: Sandbox) -> None:
+    _curve_spec(Path(box.fill["spec"]), [[0, 4.0], [5e-324, 1.0]])
+
+
 # ---- running ----
 
 
@@ -244,30 +290,11 @@ def small_file_limit() -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
 
 
-def unprivileged():
-    """In the child (the tests run as root): become a user whom file permissions do deny."""
-    user = pwd.getpwnam(UNPRIVILEGED)
-    os.setgroups([])
-    os.setgid(user.pw_gid)
-    os.setuid(user.pw_uid)
-
-
 def row_skip(row: Row) -> str | None:
     if row.unwritable and os.access(row.unwritable, os.W_OK):
         return f"{row.unwritable} is writable here"
-    return permission_rows_skip() if row.permissions else None
-
-
-@functools.cache
-def permission_rows_skip() -> str | None:
-    """Why the permission rows cannot run here, or None: as root they need an unprivileged user who can run Python."""
-    if not IS_ROOT:
-        return None
-    try:
-        subprocess.run([sys.executable, "-c", "pass"], preexec_fn=unprivileged, check=True, capture_output=True)
-    except (OSError, KeyError, subprocess.CalledProcessError):
-        return (f"runs as root, whom file permissions do not deny, and user {UNPRIVILEGED!r} cannot run "
-                f"{sys.executable}")
+    if row.permissions and conftest.permission_prefix() is None:
+        return "runs as root, whom file permissions do not deny, and setpriv is missing to drop root's bypass"
     return None
 
 
@@ -275,16 +302,10 @@ def run_row(row: Row, box: Sandbox, home: Path) -> subprocess.CompletedProcess:
     argv = [str(BIN / row.argv[0])] + [a.format(**box.fill) for a in row.argv[1:]]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1", "HOME": str(home),
            "HF_HOME": str(home / "hf"), "MPLCONFIGDIR": str(home / "mpl")}
-    preexec = small_file_limit if row.full_disk else unprivileged if row.permissions and IS_ROOT else None
-    return subprocess.run(argv, cwd=box.fill["work"], input="y\ny\n", capture_output=True, text=True, env=env,
-                          timeout=300, preexec_fn=preexec)
-
-
-def _world_readable_dir() -> Path:
-    """A folder the unprivileged user can reach (pytest's own temporary folders are root's alone)."""
-    folder = Path(tempfile.mkdtemp(prefix="lpes-hostile-"))
-    folder.chmod(0o755)
-    return folder
+    preexec = small_file_limit if row.full_disk else None
+    prefix = conftest.permission_prefix() if row.permissions else []
+    return subprocess.run([*prefix, *argv], cwd=box.fill["work"], input="y\ny\n", capture_output=True, text=True,
+                          env=env, timeout=300, preexec_fn=preexec)
 
 
 @pytest.fixture(scope="module")
@@ -301,19 +322,27 @@ def hub_folder(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def outcomes(tmp_path_factory, hub_folder):
+def stock_hub_folder(tmp_path_factory) -> Path:
+    """A Hub folder lpes-convert wrote for one scale in every layer: a stock RoPE config, no lpes code."""
+    from lpes.cli import convert_main
+
+    root = tmp_path_factory.mktemp("stock-hub")
+    (root / "spec.json").write_text(json.dumps({"version": 1, "scales": [2.0] * 4}))
+    assert convert_main(["lpes-tiny-kv", "--curve", str(root / "spec.json"), "--to", "hf", "--no-validate",
+                         "--out", str(root / "hub")]) == 0
+    assert not list((root / "hub").glob("*.py"))
+    return root / "hub"
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory, hub_folder, stock_hub_folder):
     """Every row run once, four at a time: row id -> (result, sandbox, digest before, digest after)."""
-    home, shared = _world_readable_dir(), _world_readable_dir()
-    home.chmod(0o777)  # HOME and caches of the children, the unprivileged one too
+    home = tmp_path_factory.mktemp("home")  # HOME and caches of the children
     prepared = {}
     for row in ROWS:
         if row_skip(row):
             continue
-        if row.permissions and IS_ROOT:
-            (shared / row.id).mkdir(mode=0o755)
-            box = make_sandbox(shared / row.id, hub_folder)
-        else:
-            box = make_sandbox(tmp_path_factory.mktemp(row.id), hub_folder)
+        box = make_sandbox(tmp_path_factory.mktemp(row.id), hub_folder, stock_hub_folder)
         if row.setup:
             globals()[row.setup](box)
         prepared[row.id] = (row, box, tree_digest(box.root))
@@ -322,13 +351,18 @@ def outcomes(tmp_path_factory, hub_folder):
     results = {}
     for rid, (_, box, before) in prepared.items():
         done = futures[rid].result()
-        for path in box.root.rglob("*"):  # give the permission rows their folders back, for the digest and cleanup
-            if path.is_dir() and not path.is_symlink():
-                path.chmod(path.stat().st_mode | 0o700)
-        results[rid] = (done, box, before, tree_digest(box.root))
-    yield results
-    shutil.rmtree(home, ignore_errors=True)
-    shutil.rmtree(shared, ignore_errors=True)
+        results[rid] = (done, box, before, _digest_then_restore(box.root))
+    return results
+
+
+def _digest_then_restore(root: Path) -> dict:
+    """The sandbox's digest as the row left it, modes included (as `before`, taken after the setup), then its
+    folders given back for cleanup."""
+    digest = tree_digest(root)
+    for path in root.rglob("*"):
+        if path.is_dir() and not path.is_symlink():
+            path.chmod(path.stat().st_mode | 0o700)
+    return digest
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
@@ -349,9 +383,9 @@ def test_refused_in_one_line_and_nothing_changed(outcomes, row):
     assert after == before, {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
 
 
-def test_the_rows_would_see_a_change(tmp_path, hub_folder):
+def test_the_rows_would_see_a_change(tmp_path, hub_folder, stock_hub_folder):
     """The digest sees a removed file, a mode change and a lone staging folder (so the rows can fail)."""
-    box = make_sandbox(tmp_path, hub_folder)
+    box = make_sandbox(tmp_path, hub_folder, stock_hub_folder)
     before = tree_digest(box.root)
     (Path(box.fill["mine"]) / "thesis.tex").chmod(0o600)
     assert tree_digest(box.root) != before

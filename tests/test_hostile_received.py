@@ -68,18 +68,6 @@ __attribute__((constructor)) static void ran(void) {
 # ---- the received folder, the library, the sandbox ----
 
 
-@pytest.fixture(scope="module", autouse=True)
-def own_state_dir(tmp_path_factory):
-    """Staging records of this module's runs stay out of the user's ~/.local/state."""
-    before = os.environ.get("LPES_STATE_DIR")
-    os.environ["LPES_STATE_DIR"] = str(tmp_path_factory.mktemp("state"))
-    yield Path(os.environ["LPES_STATE_DIR"])
-    if before is None:
-        os.environ.pop("LPES_STATE_DIR", None)
-    else:
-        os.environ["LPES_STATE_DIR"] = before
-
-
 @pytest.fixture(scope="module")
 def received(tmp_path_factory) -> Path:
     """An lpes-convert output of the bundled model (hf + onnx, per-layer scales) with a genai/ folder beside."""
@@ -589,64 +577,74 @@ sys.exit(convert_main(argv))
 POINTS = ("plan", "write", "swap", "callback")
 
 
-def _interrupted_child(tmp_path: Path, point: str, sig: int) -> tuple[int, str, Path, Path]:
+def _interrupted_child(tmp_path: Path, point: str, sig: int) -> tuple[int, str, Path]:
     root = tmp_path / f"{point}-{sig}"
     root.mkdir()
     (root / "spec.json").write_text(json.dumps(SPEC))
     (root / "child.py").write_text(CHILD)
-    state = root / "state"
     argv = ["lpes-tiny-kv", "--curve", str(root / "spec.json"), "--to", "hf", "--no-validate", "--out",
             str(root / "out")]
     child = subprocess.Popen([sys.executable, str(root / "child.py"), point, *argv], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env={**CHILD_ENV, "LPES_STATE_DIR": str(state)})
+                             stderr=subprocess.PIPE, text=True, env=CHILD_ENV)
     assert child.stdout.readline().strip() == "ready", child.stderr.read()[-3000:]
     child.send_signal(sig)
     code = child.wait(timeout=120)
-    return code, child.stderr.read(), root, state
+    return code, child.stderr.read(), root
 
 
 def test_sigint_and_sigterm_end_the_run_at_every_step_with_nothing_written(tmp_path):
     cases = [(point, sig) for point in POINTS for sig in (signal.SIGINT, signal.SIGTERM)]
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = list(pool.map(lambda case: _interrupted_child(tmp_path, *case), cases))
-    for (point, sig), (code, stderr, root, state) in zip(cases, results):
+    for (point, sig), (code, stderr, root) in zip(cases, results):
         assert code == 130, (point, sig, code, stderr[-3000:])
         assert "Traceback" not in stderr and "Exception ignored" not in stderr, (point, stderr[-3000:])
         assert stderr.strip().splitlines()[-1] == "lpes-convert: interrupted; nothing was left half-written"
-        assert sorted(p.name for p in root.iterdir() if p.name != "state") == ["child.py", "spec.json"], point
-        assert not list(state.glob("staging/*")), "the staging record outlived its folder"
+        assert sorted(p.name for p in root.iterdir()) == ["child.py", "spec.json"], point
 
 
-def test_a_killed_runs_staging_folder_is_reported_by_the_next_command(tmp_path, monkeypatch, capsys):
+def test_a_killed_runs_staging_folder_is_said_only_by_the_run_that_writes_its_out(tmp_path):
+    """A SIGKILL leaves .out.lpes-partial-PID. --help, --version and a refusal elsewhere say nothing of it (a
+    refusal stays the one line on stderr); a run on another --out neither; the run on the same --out removes
+    it and says so."""
     import re
 
-    from lpes.cli import convert_main, validate_main
-
-    state = tmp_path / "state"
-    monkeypatch.setenv("LPES_STATE_DIR", str(state))
-
     (tmp_path / "spec.json").write_text(json.dumps(SPEC))
-    code = ("import os, signal, sys\nfrom lpes.foundation import outputs\nfrom lpes.cli import convert_main\n"
-            "outputs._swap_in = lambda staging, out: os.kill(os.getpid(), signal.SIGKILL)\n"
-            "sys.exit(convert_main(sys.argv[1:]))\n")
-    argv = ["lpes-tiny-kv", "--curve", str(tmp_path / "spec.json"), "--to", "hf", "--no-validate", "--out",
-            str(tmp_path / "out")]
-    child = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=300,
-                           env={**CHILD_ENV, "LPES_STATE_DIR": str(state)})
+    killed = ("import os, signal, sys\nfrom lpes.foundation import outputs\nfrom lpes.cli import convert_main\n"
+              "outputs._swap_in = lambda staging, out: os.kill(os.getpid(), signal.SIGKILL)\n"
+              "sys.exit(convert_main(sys.argv[1:]))\n")
+
+    def convert(out: str, *flags: str, code: str | None = None) -> subprocess.CompletedProcess:
+        argv = ["lpes-tiny-kv", "--curve", str(tmp_path / "spec.json"), "--to", "hf", "--no-validate", "--out",
+                str(tmp_path / out), *flags]
+        return command("convert_main", argv, code)
+
+    def command(main: str, argv: list[str], code: str | None = None) -> subprocess.CompletedProcess:
+        code = code or f"import sys\nfrom lpes.cli import {main}\nsys.exit({main}(sys.argv[1:]))\n"
+        return subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=300,
+                              cwd=tmp_path, env=CHILD_ENV)
+
+    child = convert("out", code=killed)
     assert child.returncode == -signal.SIGKILL, child.stderr[-3000:]
     staging = [p for p in tmp_path.iterdir() if p.name.startswith(".out.lpes-partial-")]
     assert len(staging) == 1
-    capsys.readouterr()
-    assert validate_main([str(tmp_path / "nowhere")]) == 2  # any later command, on any folder
-    notes = [line for line in capsys.readouterr().err.splitlines() if "note:" in line]
-    assert len(notes) == 1, notes
-    assert str(staging[0]) in notes[0] and f"rm -rf {staging[0]}" in notes[0], notes[0]
+    for main, argv in (("convert_main", ["--help"]), ("convert_main", ["--version"]),
+                       ("validate_main", ["--help"]), ("search_main", ["--help"])):
+        done = command(main, argv)
+        assert done.returncode == 0 and done.stderr == "", (main, argv, done.stderr)
+    refused = command("validate_main", [str(tmp_path / "nowhere")])
+    assert refused.returncode == 2
+    assert refused.stderr.splitlines() == [f"lpes-validate: error: folder not found: {tmp_path / 'nowhere'}"]
+    elsewhere = convert("other")
+    assert elsewhere.returncode == 0, elsewhere.stderr[-3000:]
+    assert "lpes-partial" not in elsewhere.stderr and "interrupted" not in elsewhere.stderr
+    assert staging[0].is_dir()  # another --out's staging folder is not this run's to remove
+    same = convert("out")
+    assert same.returncode == 0, same.stderr[-3000:]
+    notes = [line for line in same.stderr.splitlines() if staging[0].name in line]
+    assert len(notes) == 1 and "left by an interrupted run" in notes[0], same.stderr
     assert re.search(r"\(\d+(\.\d)? (bytes|KiB|MiB|GiB)\)", notes[0]), notes[0]  # its size
-    assert convert_main(argv) == 0  # a run on the same --out removes it, and the note goes with it
     assert not staging[0].exists()
-    capsys.readouterr()
-    assert validate_main([str(tmp_path / "nowhere")]) == 2
-    assert "note:" not in capsys.readouterr().err
 
 
 def test_a_full_disk_names_the_destination(capsys):

@@ -21,6 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import conftest
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -28,21 +29,6 @@ from safetensors.torch import load_file, save_file
 from lpes.converter.loading import bundled_models
 
 SPEC = {"version": 1, "scales": [1.0, 1.5, 2.0, 2.5]}  # the bundled lpes-tiny-kv has 4 layers
-IS_ROOT = os.geteuid() == 0
-# Root ignores file permissions through these two capabilities; without them it is an owner like any other.
-DROP_PERMISSION_BYPASS = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def own_state_dir(tmp_path_factory):
-    """Staging records of this module's runs stay out of the user's ~/.local/state."""
-    before = os.environ.get("LPES_STATE_DIR")
-    os.environ["LPES_STATE_DIR"] = str(tmp_path_factory.mktemp("state"))
-    yield
-    if before is None:
-        os.environ.pop("LPES_STATE_DIR", None)
-    else:
-        os.environ["LPES_STATE_DIR"] = before
 
 
 @pytest.fixture(scope="module")
@@ -198,11 +184,10 @@ def test_convert_says_the_estimate_in_its_plan_line(spec_file, tmp_path):
 
 
 def permission_prefix() -> list[str]:
-    if not IS_ROOT:
-        return []
-    if shutil.which("setpriv") is None:
+    prefix = conftest.permission_prefix()
+    if prefix is None:
         pytest.skip("running as root, and without setpriv root's permission bypass cannot be dropped")
-    return DROP_PERMISSION_BYPASS
+    return prefix
 
 
 def run_process(command: str, argv: list[str], cwd: Path, prefix: list[str] | None = None,

@@ -303,3 +303,88 @@ def test_a_curve_only_spec_checks_the_schemes_range_when_it_meets_the_model():
     with pytest.raises(LpesError, match=r"'scales\[0\]' is 0.9"):
         Spec.from_scales([0.9, 2.0], rope=RopeScheme("dynamic"))
     assert Spec.from_scales([0.9, 2.0]).rope.linear  # linear scales go below 1 as before
+
+
+# ---- issue 43: curves float64 cannot evaluate are refused, in one line naming the point ----
+
+
+def _exact_reference(points, num_layers: int) -> list[float]:
+    """The curve evaluated in exact rational arithmetic, written here independently of lpes's own: bisection on
+    B_x(t) = x_h to 2^-80 (far past what a 1e-9 comparison needs), then B_y there."""
+    from fractions import Fraction
+    from math import comb
+
+    pts = [(Fraction(x), Fraction(y)) for x, y in points]
+    d = len(pts) - 1
+
+    def b(t, i):
+        return sum(comb(d, k) * t**k * (1 - t) ** (d - k) * p[i] for k, p in enumerate(pts))
+
+    out = []
+    for h in range(num_layers):
+        target = pts[0][0] + (pts[-1][0] - pts[0][0]) * Fraction(h, num_layers - 1)
+        lo, hi = Fraction(0), Fraction(1)
+        for _ in range(80):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if b(mid, 0) < target else (lo, mid)
+        out.append(float(b((lo + hi) / 2, 1)))
+    return out
+
+
+@pytest.mark.parametrize("offset", [0.0, 1e6, 1e15, -1e15])
+def test_a_curve_far_from_zero_gives_the_same_scales_as_at_zero(offset):
+    """x = 1e15 + (0, 2, 4) is the same curve as x = 0, 2, 4 (float64 tells 1e15 + 4/3 from 1e15 + 8/3)."""
+    points = [[offset, 4.0], [offset + 2, 2.0], [offset + 4, 1.0]]
+    scales = list(Spec.from_curve(points, 4).scales)
+    assert scales == pytest.approx(_exact_reference([[0, 4.0], [2, 2.0], [4, 1.0]], 4), abs=1e-9)
+    assert scales == pytest.approx(_exact_reference(points, 4), abs=1e-9)
+
+
+def test_a_curve_whose_layers_float64_cannot_place_apart_is_refused():
+    """x = 1e16, 1e16 + 2, 1e16 + 4 (main wrote [4.0, 3.0625, 3.0625, 1.0]): layers 1 and 2 get one position."""
+    with pytest.raises(LpesError, match=r"control point P0 \(x 1e\+16\) is too far from 0 .* layers 1 and 2 of 4"):
+        Spec.from_curve([[1e16, 4.0], [1e16 + 2, 2.0], [1e16 + 4, 1.0]], 4)
+    with pytest.raises(LpesError, match=r"control point P1 \(x 5e-324\) is too close to P0"):
+        Spec.from_curve([[0, 4.0], [5e-324, 1.0]], 4)
+    assert len(Spec.from_curve([[0, 4.0], [5e-324, 1.0]], 2).scales) == 2  # two layers do have two positions
+
+
+def test_a_point_float64_cannot_hold_is_refused_naming_it(tmp_path):
+    path = tmp_path / "spec.json"
+    path.write_text('{"version": 1, "curve": {"control_points": [[10000000000000000, 4], [10000000000000001, 2], '
+                    '[10000000000000004, 1]]}, "num_layers": 4}')
+    with pytest.raises(LpesError, match=r"^spec: 'curve.control_points\[1\]' has x 10000000000000001, which "
+                                        r"float64 cannot represent exactly$"):
+        load_spec(path)
+    path.write_text('{"version": 1, "control_points": [[0, 4], [1' + "0" * 26 + '1, 1]], "num_layers": 4}')
+    with pytest.raises(LpesError, match=r"^spec: 'control_points\[1\]' has x 1000.*01, which float64 cannot "
+                                        r"represent exactly$"):
+        load_spec(path)
+    path.write_text('{"version": 1, "control_points": [[0, 4], [1' + "0" * 400 + ', 1]], "num_layers": 4}')
+    with pytest.raises(LpesError, match=r"^spec: 'control_points\[1\]\[0\]' is an integer of 401 digits"):
+        load_spec(path)
+
+
+def test_a_curve_float64_evaluates_wrongly_is_refused(monkeypatch):
+    """The exact check itself: a float64 evaluation off by more than 1e-9 is refused, one within it passes."""
+    points = [[0, 1.0], [0.3, 3.0], [0.7, 0.5], [1, 2.0]]
+    good = list(Spec.from_curve(points, 12).scales)
+    assert good == pytest.approx(_exact_reference(points, 12), abs=1e-9)
+    real = bezier.layer_scales
+    monkeypatch.setattr(bezier, "layer_scales", lambda p, n: [s + (2e-9 if h == 5 else 0.0)
+                                                              for h, s in enumerate(real(p, n))])
+    with pytest.raises(LpesError, match=r"the curve gives layer 5 of 12 the scale .* evaluated exactly"):
+        Spec.from_curve(points, 12)
+    monkeypatch.setattr(bezier, "layer_scales", lambda p, n: [s + (5e-10 if h == 5 else 0.0)
+                                                              for h, s in enumerate(real(p, n))])
+    assert Spec.from_curve(points, 12).scales[5] == pytest.approx(good[5] + 5e-10, abs=1e-15)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_random_curves_match_their_exact_evaluation(seed):
+    rng = np.random.default_rng(seed)
+    degree = int(rng.integers(1, 6))
+    xs = np.sort(rng.uniform(-50, 50, degree + 1))
+    points = [[float(x), float(y)] for x, y in zip(xs, rng.uniform(0.5, 4, degree + 1))]
+    layers = int(rng.integers(2, 40))
+    assert list(Spec.from_curve(points, layers).scales) == pytest.approx(_exact_reference(points, layers), abs=1e-9)
