@@ -74,6 +74,9 @@ class ExportJob:
     spec: Spec  # resolved for the model's layer count, with provenance
     dtype: str  # --dtype: precision of the graph exports
     validate: bool
+    # The longest prompt + answer budget validation generates, in tokens (0: no validation or no tokenizer): an
+    # export whose context is fixed when it is built (genai) must hold it.
+    validation_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -106,14 +106,15 @@ def plan(options: ConvertOptions) -> ConvertPlan:
             _progress(line)
     check_rope_scheme(config, spec.rope)  # per-layer yarn/dynamic need a model whose own RoPE is plain
     out = check_output_folder(options.out, model_path, options.force)
-    task = None
+    task, longest = None, 0
     if options.validate:  # a typo in --data, or the search's data file missing, fails now, not after the export
         from lpes.search.options import check_answer_tokens
         from lpes.validation.task_choice import check_task_encodes, resolve_task
 
         check_answer_tokens(options.answer_tokens)
         task = resolve_task(model_path, spec, options.data, options.chat_template, options.answer_tokens)
-        check_task_encodes(model_path, task, model_label(options.model))  # a tokenizer that fails: now, one line
+        # A tokenizer that fails: now, one line. The longest sequence sizes a fixed-context export (genai).
+        longest = check_task_encodes(model_path, task, model_label(options.model))
     uploaded = targets_where("uploads")
     if options.push_to_hub and not set(uploaded) & set(target_classes):
         raise LpesError(f"--push-to-hub uploads the Hub folder; add {','.join(t.name for t in uploaded)} to --to")
@@ -123,7 +124,7 @@ def plan(options: ConvertOptions) -> ConvertPlan:
         check_push_target(options.push_to_hub)  # repo id, token, the Hub reachable: now, not after the export
     job = ExportJob(model_path, model_label(options.model), config,
                     _with_provenance(spec, config, model_path, options.model),
-                    options.dtype, options.validate)
+                    options.dtype, options.validate, longest)
     targets = [cls(job, options.target_options.get(cls.name)) for cls in target_classes]
     for target in targets:
         target.check()

@@ -278,3 +278,29 @@ def test_the_package_covers_the_lengths_an_lpes_model_is_used_at(llama_builds):
     prompt = [5 + (i % 40) for i in range(trained + 8)]  # past the trained positions
     spec = Spec.from_scales([3.0, 1.0, 3.0])
     assert genai_greedy(scaled, prompt)[:4] == torch_greedy(model_dir, spec, prompt, NEW_TOKENS)[:4]
+
+
+def test_the_package_holds_the_prompts_it_is_validated_on(tmp_path):
+    """A stock YaRN decision at factor 1.75 on lpes-tiny-induction (trained on 256 positions) is validated on its
+    512-position prompts: the package's context covers them (main sized it 448, and make demo's validation failed
+    after the export), and lpes-convert plans it before anything is written."""
+    from lpes.cli import convert_main
+    from lpes.convert_pipeline import ConvertOptions, plan
+    from lpes.foundation.spec import RopeScheme, dump_spec
+
+    spec_path = tmp_path / "yarn.json"
+    dump_spec(Spec.from_scales([1.75] * 4, rope=RopeScheme("yarn")), spec_path)
+    planned = plan(ConvertOptions("lpes-tiny-induction", spec_path, tmp_path / "out", targets="genai",
+                                  data="tiny-induction:examples=1"))
+    assert planned.job.validation_tokens == 512 + 1  # the prompt, and the answer's one token
+    assert planned.targets[0].plan.context_length == 513
+    assert convert_main(["lpes-tiny-induction", "--curve", str(spec_path), "--to", "genai", "--data",
+                         "tiny-induction:examples=1", "--out", str(tmp_path / "out")]) == 0
+
+
+def test_a_validation_longer_than_the_package_can_hold_is_refused_at_plan_time(tmp_path):
+    model_dir = genai_model_dir("llama", tmp_path)
+    assert check_genai(model_dir, Spec.from_scales([1.0] * 3), min_context=5000).context_length == 5000
+    with pytest.raises(LpesError, match=r"^--to genai: validation generates sequences of up to 40000 tokens .* "
+                                        r"context length 32768"):
+        check_genai(model_dir, Spec.from_scales([1.0] * 3), min_context=40000)

@@ -342,7 +342,7 @@ def greedy_correct(
     else:
         eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
     runner = model if hasattr(model, "greedy") else TorchGreedy(model, pad_token_id(model, tokenizer))
-    budgets = [max_new_tokens or example.answer_tokens or len(e.answer_ids) for example, e in zip(examples, encoded)]
+    budgets = _budgets(examples, encoded, max_new_tokens)
     results: dict[int, ExampleResult] = {}
     forward_tokens = 0
     lengths = [len(e.prompt_ids) + budget for e, budget in zip(encoded, budgets)]
@@ -360,6 +360,18 @@ def greedy_correct(
         if progress is not None:
             progress(len(batch))
     return Scores(tuple(results[i] for i in range(len(examples))), forward_tokens)
+
+
+def _budgets(examples: Sequence[Example], encoded: Sequence[EncodedExample], max_new_tokens: int | None) -> list[int]:
+    """How many tokens greedy decoding generates for each example (greedy_correct's docstring)."""
+    return [max_new_tokens or example.answer_tokens or len(e.answer_ids) for example, e in zip(examples, encoded)]
+
+
+def longest_sequence(tokenizer, examples: Sequence[Example], max_new_tokens: int | None = None) -> int:
+    """The longest prompt + generated tokens `greedy_correct` runs on `examples` (0 for none)."""
+    encoded = encode_examples(tokenizer, examples)
+    budgets = _budgets(examples, encoded, max_new_tokens)
+    return max((len(e.prompt_ids) + budget for e, budget in zip(encoded, budgets)), default=0)
 
 
 def calibration_correct(

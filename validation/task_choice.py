@@ -71,19 +71,22 @@ def resolve_task(model_path: Path, spec: Spec | None, data: str | None = None, c
     return ResolvedTask(config, chat, used, source, searched, override, other_task)
 
 
-def check_task_encodes(model_path: Path, task: ResolvedTask, source: str | None = None) -> None:
+def check_task_encodes(model_path: Path, task: ResolvedTask, source: str | None = None) -> int:
     """The task's prompts and answers encode with the model's tokenizer (`vocabulary.check_vocabulary`, as lpes-search
     checks its data), else LpesError in one line: lpes-convert calls it at plan time, before any export.
-    Nothing to check without tokenizer files (key-value scoring is then skipped, and says why)."""
+    Returns the longest sequence validation generates (prompt + answer budget, in tokens), which an export with
+    a fixed context (genai) must hold; 0 without tokenizer files (key-value scoring is then skipped, and says why)."""
     from lpes.converter.loading import has_tokenizer, load_tokenizer
+    from lpes.validation.scoring import longest_sequence
     from lpes.validation.tasks import examples_for
 
     if not has_tokenizer(model_path):
-        return
+        return 0
     tokenizer = load_tokenizer(model_path)
     examples = examples_for(task.config, model_path, tokenizer=tokenizer, use_chat_template=task.chat_template,
                             split="validation")
     check_examples_encode(tokenizer, examples, task, source)
+    return longest_sequence(tokenizer, examples)
 
 
 _TASK_SOURCES = {"--data": "from --data", "the search's": "the task the curve was searched on",

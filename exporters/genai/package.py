@@ -94,10 +94,11 @@ class GenaiPlan:
 
 
 def check_genai(model_path: Path, spec: Spec, precision: str = "fp32", execution_provider: str = "cpu",
-                config: Any = None) -> GenaiPlan:
+                config: Any = None, min_context: int = 0) -> GenaiPlan:
     """Validate everything `export_genai` needs without reading a weight; LpesError on the first problem.
 
     `config`: the model's config with `spec` resolved for it (lpes-convert's ExportJob); None: read here.
+    `min_context`: the longest sequence validation will generate on the package (ExportJob.validation_tokens).
     """
     if importlib.util.find_spec("onnxruntime_genai") is None:
         raise LpesError("--to genai needs onnxruntime-genai: pip install 'lpes[genai]'")
@@ -120,10 +121,18 @@ def check_genai(model_path: Path, spec: Spec, precision: str = "fp32", execution
     rotary = _rotary_module(meta_model, config)
     if execution_provider == "cpu":
         _check_cpu_kernel_limits(config, rotary)
-    context = min(CONTEXT_CAP, max(config.max_position_embeddings,
+    # The validation prompts too: a stock YaRN decision at factor 1.75 on a model trained on 256 positions is
+    # validated on its 512-position prompts (make demo).
+    context = min(CONTEXT_CAP, max(config.max_position_embeddings, min_context,
                                    math.ceil(config.max_position_embeddings * max(spec.scales))))
     if entry.needs_equal_original_max:  # a longer context sends Phi-3 to the builder's LongRoPE class
         context = config.max_position_embeddings
+    if min_context > context:
+        cap = ("the model's trained length, which the builder needs for this architecture"
+               if entry.needs_equal_original_max else f"lpes's cap for a genai package, {CONTEXT_CAP}")
+        raise LpesError(f"--to genai: validation generates sequences of up to {min_context} tokens (prompt and "
+                        f"answer), past the package's context length {context} ({cap}); validate on shorter "
+                        "prompts (--data) or pass --no-validate")
     return GenaiPlan(Path(model_path), spec, precision, execution_provider, rope_type, rotary, context)
 
 
