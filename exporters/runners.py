@@ -109,9 +109,15 @@ def model_device(model: Any) -> Any:
 class TorchGreedy:
     """`GreedyRunner` over a transformers model (plain or patched with the LPES reference)."""
 
-    def __init__(self, model, pad_token_id: int):
+    def __init__(self, model, pad_token_id: int, prefill_tokens: int | None = None):
+        """`prefill_tokens`: prefill a batch in sequence chunks of about this many positions (transformers'
+        `prefill_chunk_size`), then decode every row together. The same tokens (each position still attends to
+        all before it), cheaper on a CPU: SmolLM2-135M, 32 prompts of 407 tokens on 2 cores, 0.95 s per
+        prompt against 1.07 unchunked (bench/RESULTS.md). None: one prefill pass. Never for a RoPE that
+        follows the sequence length (dynamic NTK): each chunk would see a shorter sequence."""
         self.model = model
         self.pad_token_id = pad_token_id
+        self.prefill_tokens = prefill_tokens
 
     def greedy(
         self, input_ids: list[list[int]], max_new_tokens: int, eos_token_id: int | list[int] | None
@@ -128,9 +134,19 @@ class TorchGreedy:
             max_new_tokens=max_new_tokens,
             eos_token_id=eos_token_id,
             pad_token_id=self.pad_token_id,
+            prefill_chunk_size=self._chunk(*ids.shape),
         )
         with torch.inference_mode():
             out = self.model.generate(
                 input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config
             )
         return out[:, ids.shape[1] :].cpu().tolist()
+
+    def _chunk(self, rows: int, width: int) -> int | None:
+        if self.prefill_tokens is None or rows * width <= self.prefill_tokens:
+            return None
+        return max(self.prefill_tokens // rows, PREFILL_CHUNK_MIN)
+
+
+# Chunks narrower than this make each forward too small to keep the matmuls efficient.
+PREFILL_CHUNK_MIN = 32

@@ -151,8 +151,9 @@ class CMASearch(GeneticSearch):
         state.parents = _best([incumbent] + [Scored(r.genome, r.correct / self._total, r.order, r.deviation)
                                             for r in improvers], 1, self._total)
         state.generation = generation
-        if generation:
-            self._track_best(state, before)
+        # Generation 0 counts too: its population raced the uniform scan's best, and when none beat it that
+        # is a generation without a better curve (a default SmolLM2 search spent a third population on it).
+        self._track_best(state, before)
         self._end_generation(state, random.Random(0), scored)
 
     def _challenger(self, genome: Genome, key: str, state: SearchState) -> _Challenger:
@@ -329,8 +330,9 @@ class LogprobCMASearch(CMASearch):
         before = state.parents[0]
         state.parents = [_best_by_objective([before, *scored.values()])]
         state.generation = generation
-        if generation:
-            self._track_best(state, before)
+        # Generation 0 counts too: its population raced the uniform scan's best, and when none beat it that
+        # is a generation without a better curve (a default SmolLM2 search spent a third population on it).
+        self._track_best(state, before)
         self._end_generation(state, random.Random(0), list(scored.values()))
 
     def _score_all(self, genomes: list, state: SearchState, label: str) -> list[Scored]:

@@ -96,14 +96,19 @@ class Replica:
 
     def greedy_verdicts(self, scales: Candidate, examples: list[Example]) -> list[bool]:
         """The benchmark's verdict (greedy, each example's answer budget) on each of `examples`."""
-        from lpes.validation.scoring import greedy_correct
+        from lpes.validation.scoring import MAX_BATCH_TOKENS, greedy_correct
 
         self._use(scales)
         # Held out, every prompt is scored (no racing): batches of HELD_OUT_BATCHES x --batch-size share each
-        # decode step's weight reads (SmolLM2 on 2 cores: 0.54 s per prompt at 32, 0.64 at 8; bench/RESULTS.md).
-        # greedy_correct's token cap still bounds a batch of long prompts.
+        # decode step's weight reads, and a prefill in chunks of one batch's tokens keeps its matmuls as
+        # efficient as a batch of --batch-size (SmolLM2 on 2 cores: 0.95 s per prompt, 1.07 unchunked;
+        # bench/RESULTS.md); the token cap grows with it. Not for dynamic NTK, one prompt at a time.
         batch = _batch_size(scales, HELD_OUT_BATCHES * self.batch_size)
-        return [r.correct for r in greedy_correct(self.model, self.tokenizer, examples, batch).results]
+        chunked = batch > 1
+        scores = greedy_correct(self.model, self.tokenizer, examples, batch,
+                                max_batch_tokens=MAX_BATCH_TOKENS * (HELD_OUT_BATCHES if chunked else 1),
+                                prefill_tokens=MAX_BATCH_TOKENS // 2 if chunked else None)
+        return [r.correct for r in scores.results]
 
     def _use(self, candidate: Candidate) -> None:
         from lpes.converter.reference import apply, use_stock_rope

@@ -109,6 +109,26 @@ def test_padded_batches_equal_one_example_at_a_time(model_and_tokenizer):
             torch.testing.assert_close(batched_logits[b, -len(row) :], single, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("scales", [None, [4.0, 1.0, 0.5]])
+def test_a_chunked_prefill_generates_what_one_example_at_a_time_does(model_and_tokenizer, scales):
+    """The held-out decision prefills in sequence chunks (TorchGreedy's prefill_tokens): across heavy left
+    padding and the LPES reference, each row's tokens are the independent greedy loop's, one prompt alone."""
+    model, tokenizer = model_and_tokenizer
+    if scales is not None:
+        model = apply(load_model(model.name_or_path), Spec.from_scales(scales))
+    prompts = random_prompts(7, seed=5, lo=3, hi=70)
+    examples = [Example(p, "f5 f6 f7 f8 f9", 0, 1) for p in prompts]
+    encoded = scoring.encode_examples(tokenizer, examples)
+    steps = len(encoded[0].answer_ids)
+    chunked = scoring.TorchGreedy(model, 0, prefill_tokens=7 * 40)  # chunks of 40 positions, 2 or 3 per prompt
+    assert chunked._chunk(7, max(len(e.prompt_ids) for e in encoded)) == 40
+    out = chunked.greedy([e.prompt_ids for e in encoded], steps, None)
+    assert out == [plain_greedy(model, e.prompt_ids, steps) for e in encoded]
+    scores = scoring.greedy_correct(model, tokenizer, examples, batch_size=7, prefill_tokens=7 * 40)
+    alone = scoring.greedy_correct(model, tokenizer, examples, batch_size=1)
+    assert [r.generated for r in scores.results] == [r.generated for r in alone.results]
+
+
 def test_left_pad_positions_count_real_tokens_only():
     ids, mask, positions = torch_left_pad([[5, 6, 7], [8]], pad_id=0)
     assert ids.tolist() == [[5, 6, 7], [0, 0, 8]]

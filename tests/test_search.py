@@ -123,6 +123,26 @@ def test_patience_stops_where_the_best_stopped_changing(optimizer):
     assert patient_task.forward_tokens < full_task.forward_tokens
 
 
+class UniformOnlyTask(ThresholdTask):
+    """Only one scale in every layer answers anything: no per-layer curve can beat the uniform scan's best."""
+
+    def _verdicts(self, scales, ids):
+        self.calls.append((scales, tuple(ids)))
+        self.forward_tokens += 100 * len(ids)
+        return [len(set(scales)) == 1 and scales[0] == 2.0 and i % 2 == 0 for i in ids]
+
+
+def test_cma_patience_counts_the_first_population_against_the_uniform_scan():
+    """The first population races the scan's best like any later one: when none beats it, that is a generation
+    without a better curve, so --patience 2 ends after populations 0 and 1 (main ran a third)."""
+    task = UniformOnlyTask()
+    state = CMASearch(SPACE, task, GASettings(population=6, generations=15, parents=3, seed=0, racing=True,
+                                              chunk=8, patience=2)).run()
+    assert state.uniform["scale"] == 2.0 and state.parents[0].fitness == 0.5
+    assert [h["unchanged"] for h in state.history] == [1, 2]
+    assert state.generation == 1 and state.stop_reason == "no better curve for 2 generations (--patience 2)"
+
+
 def test_fitness_one_with_ties_first_ends_the_search_at_once():
     state, _ = run(True, generations=15, population=9, ties="first", patience=50)
     assert state.parents[0].fitness == 1.0 and state.stop_reason.startswith("fitness 1.0")

@@ -328,20 +328,22 @@ def greedy_correct(
     progress: Progress | None = None,
     eos_token_id: int | list[int] | None = None,
     max_batch_tokens: int = MAX_BATCH_TOKENS,
+    prefill_tokens: int | None = None,
 ) -> Scores:
     """Greedy decoding within each example's budget, and the benchmark's `best_subspan_em` test.
 
     `model` is a transformers model or any `GreedyRunner` (ONNX Runtime, TensorRT).
     `max_new_tokens` overrides every example's budget; None: `Example.answer_tokens`, and
     where that is None too, as many tokens as the answer has. `eos_token_id` defaults to
-    the model's own.
+    the model's own. `prefill_tokens`: a transformers model prefills in chunks of about that many positions
+    (TorchGreedy), so a batch may hold more rows than one prefill pass would.
     """
     encoded = encode_examples(tokenizer, examples)
     if eos_token_id is None:
         eos = eos_token_ids(model, tokenizer)
     else:
         eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
-    runner = model if hasattr(model, "greedy") else TorchGreedy(model, pad_token_id(model, tokenizer))
+    runner = model if hasattr(model, "greedy") else TorchGreedy(model, pad_token_id(model, tokenizer), prefill_tokens)
     budgets = _budgets(examples, encoded, max_new_tokens)
     results: dict[int, ExampleResult] = {}
     forward_tokens = 0
