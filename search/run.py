@@ -204,7 +204,7 @@ def _say_done(out: Path, options: SearchOptions, found: _Found, seconds: float) 
         print(f"lpes-search: decision: {held_out['decision']['reason']}; lpes-convert ships it (--ship curve: the "
               "per-layer curve instead)", file=sys.stderr)
     better = [b for b in found.baselines if b["fitness"] > fitness]  # scored by the same objective
-    if better:
+    if better and not held_out.get("decision"):  # with a decision its table already held them out
         names = ", ".join(f"{StockRope(b['rope_type'], b['factor']).name} ({b['fitness']:.3f})" for b in better)
         print(f"lpes-search: on calibration {names} scored above the curve: lpes-validate shows them on "
               "held-out examples", file=sys.stderr)
