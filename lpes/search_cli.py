@@ -89,8 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--generations", type=int, default=DEFAULTS.generations,
                         help=f"generations after the first, 0..{MAX_GENERATIONS}, at most (default %(default)s)")
     parser.add_argument("--patience", type=int, default=DEFAULTS.patience, metavar="K",
-                        help="stop once the best curve has not changed for K generations, or can no longer change "
-                        "(fitness 1.0 with --ties first); 0 runs every generation (default %(default)s)")
+                        help="stop once the best curve has not changed for K generations (the first population "
+                        "counts: it races the uniform scan's best), or can no longer change (fitness 1.0 with "
+                        "--ties first); 0 runs every generation (default %(default)s)")
     parser.add_argument("--degree", type=int, default=DEFAULTS.degree,
                         help=f"Bezier degree, 1..{MAX_DEGREE} (default 3: cubic, as the paper)")
     parser.add_argument("--scale-grid", default=DEFAULTS.scale_grid, metavar="MIN:MAX:STEP",
