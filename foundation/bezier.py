@@ -65,10 +65,11 @@ def layer_parameters(points: np.ndarray, num_layers: int) -> np.ndarray:
     return t
 
 
-def layer_scales(points: np.ndarray, num_layers: int) -> list[float]:
-    """The per-layer scales s_h read off the curve (exact control-point y at both ends)."""
+def layer_scales(points: np.ndarray, num_layers: int, t: np.ndarray | None = None) -> list[float]:
+    """The per-layer scales s_h read off the curve (exact control-point y at both ends); `t`: the layers'
+    parameters if already solved (layer_parameters)."""
     points = np.asarray(points, dtype=np.float64)
-    scales = bernstein(points, layer_parameters(points, num_layers))[:, 1]
+    scales = bernstein(points, layer_parameters(points, num_layers) if t is None else t)[:, 1]
     scales[0] = points[0, 1]
     if num_layers > 1:
         scales[-1] = points[-1, 1]
@@ -83,12 +84,14 @@ def checked_layer_scales(points, num_layers: int) -> list[float]:
     points = [(float(x), float(y)) for x, y in points]
     _check_positions(points, num_layers)
     ys = [y for _, y in points]
-    scales = [float(s) for s in np.clip(layer_scales(points, num_layers), min(ys), max(ys))]
+    t = layer_parameters(points, num_layers)
+    scales = [float(s) for s in np.clip(layer_scales(points, num_layers, t), min(ys), max(ys))]
     exact = ExactCurve(points, num_layers)
-    for h, (scale, t_h) in enumerate(zip(scales, layer_parameters(points, num_layers))):
-        if abs(exact.scale(h, float(t_h)) - Fraction(scale)) > EXACT_TOLERANCE:
+    for h, (scale, t_h) in enumerate(zip(scales, t)):
+        exact_scale = exact.scale(h, float(t_h))
+        if abs(exact_scale - Fraction(scale)) > EXACT_TOLERANCE:
             raise LpesError(f"spec: the curve gives layer {h} of {num_layers} the scale {scale!r} in float64, but "
-                            f"{float(exact.scale(h, float(t_h)))!r} evaluated exactly; its control points (P0 at x "
+                            f"{float(exact_scale)!r} evaluated exactly; its control points (P0 at x "
                             f"{points[0][0]!r}, P{len(points) - 1} at x {points[-1][0]!r}) are beyond float64's "
                             "precision: shift or rescale the x values (e.g. 0 to the layer count)")
     return scales
@@ -127,12 +130,13 @@ class ExactCurve:
         self.binomials = [comb(self.degree, k) for k in range(self.degree + 1)]
         ys = [y for _, y in exact]
         steepest = self.degree * max(abs(b - a) for a, b in zip(ys, ys[1:]))
-        self.bits = max(1, math.ceil(math.log2(20 * float(steepest) / EXACT_TOLERANCE))) if steepest else 1
+        self.flat = steepest == 0  # every y equal: the curve is that y everywhere
+        self.bits = 1 if self.flat else max(1, math.ceil(math.log2(20 * float(steepest) / EXACT_TOLERANCE)))
         self.scale_of_sum = Fraction(1, 2 ** (self.bits * self.degree) * self.denominator)
 
     def scale(self, h: int, t_h: float) -> Fraction:
         """B_y at layer h's exact parameter; `t_h` (the float64 solution) is tried as the bracket's centre first."""
-        if len(set(self.ys)) == 1:
+        if self.flat:
             return Fraction(self.ys[0], self.denominator)
         one = 1 << self.bits
         p = min(max(round(t_h * one), 1), one - 1)

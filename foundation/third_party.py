@@ -52,22 +52,22 @@ class _TransformersFilter(logging.Filter):
         return True
 
 
-_installed: dict[str, _TransformersFilter] = {}
+_installed: _TransformersFilter | None = None
 
 
 def quiet_third_party(prog: str) -> None:
     """Filter the third-party output above for the rest of this process (idempotent)."""
+    global _installed
     # numpy's overflow inside matplotlib's own code (steep curves, log axes): the figure it saves is right.
     warnings.filterwarnings("ignore", message=r"overflow encountered", category=RuntimeWarning,
                             module=r"matplotlib(\.|$)")
-    if "transformers" in _installed:
-        _installed["transformers"].prog = prog
+    if _installed is not None:
+        _installed.prog = prog
         return
     from transformers.utils import logging as hf_logging
 
     hf_logging.get_logger()  # makes sure transformers' own handler exists
-    found = _TransformersFilter(prog)
+    _installed = _TransformersFilter(prog)
     # On the handlers: a filter on the "transformers" logger would not see its child loggers' records.
     for handler in logging.getLogger("transformers").handlers:
-        handler.addFilter(found)
-    _installed["transformers"] = found
+        handler.addFilter(_installed)

@@ -330,9 +330,7 @@ class LogprobCMASearch(CMASearch):
         before = state.parents[0]
         state.parents = [_best_by_objective([before, *scored.values()])]
         state.generation = generation
-        # Generation 0 counts too: its population raced the uniform scan's best, and when none beat it that
-        # is a generation without a better curve (a default SmolLM2 search spent a third population on it).
-        self._track_best(state, before)
+        self._track_best(state, before)  # generation 0 too, as CMASearch._generation says
         self._end_generation(state, random.Random(0), list(scored.values()))
 
     def _score_all(self, genomes: list, state: SearchState, label: str) -> list[Scored]:

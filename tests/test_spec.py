@@ -371,12 +371,12 @@ def test_a_curve_float64_evaluates_wrongly_is_refused(monkeypatch):
     good = list(Spec.from_curve(points, 12).scales)
     assert good == pytest.approx(_exact_reference(points, 12), abs=1e-9)
     real = bezier.layer_scales
-    monkeypatch.setattr(bezier, "layer_scales", lambda p, n: [s + (2e-9 if h == 5 else 0.0)
-                                                              for h, s in enumerate(real(p, n))])
+    monkeypatch.setattr(bezier, "layer_scales", lambda p, n, t=None: [s + (2e-9 if h == 5 else 0.0)
+                                                                      for h, s in enumerate(real(p, n, t))])
     with pytest.raises(LpesError, match=r"the curve gives layer 5 of 12 the scale .* evaluated exactly"):
         Spec.from_curve(points, 12)
-    monkeypatch.setattr(bezier, "layer_scales", lambda p, n: [s + (5e-10 if h == 5 else 0.0)
-                                                              for h, s in enumerate(real(p, n))])
+    monkeypatch.setattr(bezier, "layer_scales", lambda p, n, t=None: [s + (5e-10 if h == 5 else 0.0)
+                                                                      for h, s in enumerate(real(p, n, t))])
     assert Spec.from_curve(points, 12).scales[5] == pytest.approx(good[5] + 5e-10, abs=1e-15)
 
 
