@@ -134,7 +134,7 @@ class TorchGreedy:
             max_new_tokens=max_new_tokens,
             eos_token_id=eos_token_id,
             pad_token_id=self.pad_token_id,
-            prefill_chunk_size=self._chunk(*ids.shape),
+            prefill_chunk_size=prefill_chunk(self.prefill_tokens, *ids.shape),
         )
         with torch.inference_mode():
             out = self.model.generate(
@@ -142,10 +142,11 @@ class TorchGreedy:
             )
         return out[:, ids.shape[1] :].cpu().tolist()
 
-    def _chunk(self, rows: int, width: int) -> int | None:
-        if self.prefill_tokens is None or rows * width <= self.prefill_tokens:
-            return None
-        return max(self.prefill_tokens // rows, PREFILL_CHUNK_MIN)
+def prefill_chunk(prefill_tokens: int | None, rows: int, width: int) -> int | None:
+    """The positions each prefill pass of `rows` x `width` takes to stay near `prefill_tokens`; None: one pass."""
+    if prefill_tokens is None or rows * width <= prefill_tokens:
+        return None
+    return max(prefill_tokens // rows, PREFILL_CHUNK_MIN)
 
 
 # Chunks narrower than this make each forward too small to keep the matmuls efficient.

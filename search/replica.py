@@ -9,6 +9,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from lpes.exporters.shared_greedy import DraftPool
 from lpes.foundation.devices import format_bytes, visible_devices
 from lpes.foundation.errors import LpesError
 from lpes.foundation.spec import LINEAR_ROPE, RopeScheme, StockRope
@@ -31,6 +32,9 @@ class Replica:
         self.method, self.batch_size = method, batch_size
         self.model = load_replica(Path(model_path), self.devices, dtype)
         self._candidate: Candidate | None = None
+        # Every candidate answers the same prompts, and most answer most of them alike: each answer is a draft
+        # for the next candidate's (exporters/shared_greedy.py; greedy's tokens either way).
+        self._drafts = DraftPool()
 
     def info(self) -> dict:
         return {"slot": self.slot, "pid": os.getpid(), "devices": self.devices}
@@ -42,7 +46,8 @@ class Replica:
         self._use(candidate)
         examples = [self.examples[i] for i in example_ids]
         score = scoring.greedy_correct if self.method == "greedy" else scoring.calibration_correct
-        scores = score(self.model, self.tokenizer, examples, _batch_size(candidate, self.batch_size))
+        scores = score(self.model, self.tokenizer, examples, _batch_size(candidate, self.batch_size),
+                       drafts=self._drafts_for(candidate))
         return ShareResult(self.slot, tuple(example_ids), tuple(r.correct for r in scores.results),
                            scores.forward_tokens, time.perf_counter() - started)
 
@@ -107,8 +112,14 @@ class Replica:
         chunked = batch > 1
         scores = greedy_correct(self.model, self.tokenizer, examples, batch,
                                 max_batch_tokens=MAX_BATCH_TOKENS * (HELD_OUT_BATCHES if chunked else 1),
-                                prefill_tokens=MAX_BATCH_TOKENS // 2 if chunked else None)
+                                prefill_tokens=MAX_BATCH_TOKENS // 2 if chunked else None,
+                                drafts=self._drafts_for(scales))
         return [r.correct for r in scores.results]
+
+    def _drafts_for(self, candidate: Candidate) -> DraftPool | None:
+        # Drafts and shared prefixes are passes of several positions: a RoPE that follows the sequence length
+        # (dynamic NTK) would see the longest of them, so it decodes one token a pass, as generate does.
+        return None if _length_dependent(candidate) else self._drafts
 
     def _use(self, candidate: Candidate) -> None:
         from lpes.converter.reference import apply, use_stock_rope
@@ -131,8 +142,12 @@ HELD_OUT_BATCHES = 4
 def _batch_size(candidate: Candidate, batch_size: int) -> int:
     # A length-dependent RoPE (dynamic NTK) takes its frequencies from a batch's longest row:
     # one example at a time, each verdict is the example's own, as for every other candidate.
+    return 1 if _length_dependent(candidate) else batch_size
+
+
+def _length_dependent(candidate: Candidate) -> bool:
     rope = candidate.rope if isinstance(candidate, SchemeScales) else candidate
-    return 1 if isinstance(rope, (StockRope, RopeScheme)) and rope.length_dependent else batch_size
+    return isinstance(rope, (StockRope, RopeScheme)) and rope.length_dependent
 
 
 def load_replica(model_path: Path, devices: list[str], dtype: str = "float32"):

@@ -11,7 +11,8 @@ from transformers import AutoModelForCausalLM
 
 from lpes.converter.loading import resolve_model
 from lpes.converter.reference import apply
-from lpes.exporters.runners import torch_left_pad
+from lpes.exporters import shared_greedy
+from lpes.exporters.runners import prefill_chunk, torch_left_pad
 from lpes.foundation.spec import Spec
 from lpes.validation import kv_data, scoring, tiny_kv
 from lpes.validation.examples import Example
@@ -121,7 +122,7 @@ def test_a_chunked_prefill_generates_what_one_example_at_a_time_does(model_and_t
     encoded = scoring.encode_examples(tokenizer, examples)
     steps = len(encoded[0].answer_ids)
     chunked = scoring.TorchGreedy(model, 0, prefill_tokens=7 * 40)  # chunks of 40 positions, 2 or 3 per prompt
-    assert chunked._chunk(7, max(len(e.prompt_ids) for e in encoded)) == 40
+    assert prefill_chunk(7 * 40, 7, max(len(e.prompt_ids) for e in encoded)) == 40
     out = chunked.greedy([e.prompt_ids for e in encoded], steps, None)
     assert out == [plain_greedy(model, e.prompt_ids, steps) for e in encoded]
     scores = scoring.greedy_correct(model, tokenizer, examples, batch_size=7, prefill_tokens=7 * 40)
@@ -267,3 +268,126 @@ def test_bundled_model_teacher_forcing_agrees_with_greedy():
     assert [r.correct for r in forced.results] == [r.correct for r in greedy.results]
     assert [r.generated for r in forced.results] == [r.generated for r in greedy.results]
     assert 0 < greedy.accuracy  # a trained model finds some values
+
+
+# ---- the search's greedy runner: shared prefixes once, earlier answers as drafts ----
+
+
+def prompt_tree(seed: int) -> list[list[int]]:
+    """Token prompts that share prefixes at several depths, as one kv example does at its gold positions: a common
+    head, groups under it, subgroups, a prompt that is another's prefix, and two identical prompts."""
+    rng = random.Random(seed)
+
+    def words(n):
+        return [rng.randrange(2, len(WORDS) + 2) for _ in range(n)]
+
+    head = words(20)
+    prompts = []
+    for _ in range(3):
+        group = head + words(rng.randrange(1, 15))
+        for _ in range(3):
+            sub = group + words(rng.randrange(0, 10))
+            prompts += [sub + words(rng.randrange(1, 20)) for _ in range(2)]
+    prompts += [words(30), prompts[0][:-3], list(prompts[4])]
+    rng.shuffle(prompts)
+    return prompts
+
+
+@pytest.mark.parametrize("scales", [None, [4.0, 1.0, 0.5]])
+def test_shared_prefix_greedy_writes_what_each_prompt_alone_does(model_and_tokenizer, scales, monkeypatch):
+    """Every row's tokens are the independent greedy loop's, one prompt alone, whatever the drafts: the pool's
+    exact answers, wrong ones, right ones that turn wrong, and none; prefixes shared at several depths, chunked."""
+    model, _ = model_and_tokenizer
+    if scales is not None:
+        model = apply(load_model(model.name_or_path), Spec.from_scales(scales))
+    monkeypatch.setattr(shared_greedy, "MIN_SHARED_POSITIONS", 2)  # the tiny prompts share a few dozen positions
+    prompts, steps = prompt_tree(seed=3), 6
+    expected = [plain_greedy(model, p, steps) for p in prompts]
+    pool = shared_greedy.DraftPool()
+    pool.add(prompts[0], expected[0])
+    pool.add(prompts[1], [(t + 1) % 50 + 2 for t in expected[1]])  # wrong from the first token
+    pool.add(prompts[2], expected[2][:3] + [(t + 1) % 50 + 2 for t in expected[2][3:]])  # right, then wrong
+    positions = []
+    hook = model.register_forward_pre_hook(lambda m, a, k: positions.append(k["input_ids"].numel()), with_kwargs=True)
+    runner = shared_greedy.SharedPrefixGreedy(model, 0, prefill_tokens=len(prompts) * 8, drafts=pool)
+    out = runner.greedy(prompts, steps, None)
+    hook.remove()
+    assert out == expected
+    assert sum(positions) < sum(map(len, prompts))  # the prefixes were computed once (prefill + answers: fewer)
+    assert pool.continuation(prompts[1], expected[1][:1]) == expected[1][1:]  # the answers joined the pool
+
+
+def test_exact_drafts_decode_in_one_pass(model_and_tokenizer):
+    """With every prompt's answer in the pool, the answers are checked in one pass after the prefill."""
+    model, _ = model_and_tokenizer
+    prompts, steps = prompt_tree(seed=4), 5
+    pool = shared_greedy.DraftPool()
+    runner = shared_greedy.SharedPrefixGreedy(model, 0, drafts=pool)
+    first = runner.greedy(prompts, steps, None)  # no drafts but the n-gram ones: fills the pool
+    assert first == [plain_greedy(model, p, steps) for p in prompts]
+    widths = []
+    hook = model.register_forward_pre_hook(lambda m, a, k: widths.append(k["input_ids"].shape), with_kwargs=True)
+    prefill = runner._prefill
+    runner._prefill = lambda rows: (prefill(rows), widths.clear())[0]
+    again = runner.greedy(prompts, steps, None)
+    hook.remove()
+    assert again == first
+    assert widths == [(len(prompts), steps)]  # one round: each row's last prompt token's pick and 4 drafted
+
+
+def test_greedy_correct_with_drafts_gives_the_same_verdicts(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    examples, expected = constructed_examples(model, tokenizer, random_prompts(8, seed=6))
+    pool = shared_greedy.DraftPool()
+    for _ in range(2):  # the second time every answer is a draft
+        scores = scoring.greedy_correct(model, tokenizer, examples, batch_size=5, drafts=pool)
+        assert [r.correct for r in scores.results] == expected
+
+
+def test_shared_prefixes_are_the_longest_common_ones():
+    """Any two prompts' deepest shared prefix ends where they part (never past either's next-to-last token)."""
+    for seed in range(5):
+        prompts = prompt_tree(seed)
+        deepest = {}
+        nodes = list(shared_greedy.shared_prefixes(prompts))
+        while nodes:  # parents before children: a child's end overwrites its parent's
+            node = nodes.pop(0)
+            deepest.update(((a, b), node.end) for a in node.rows for b in node.rows)
+            nodes += node.children
+        for a, pa in enumerate(prompts):
+            for b, pb in enumerate(prompts):
+                if a != b:
+                    common = 0
+                    while common < min(len(pa), len(pb)) - 1 and pa[common] == pb[common]:
+                        common += 1
+                    assert deepest.get((a, b), 0) == common
+
+
+def test_draft_pool_continues_the_latest_answer_that_fits():
+    pool = shared_greedy.DraftPool()
+    prompt = [5, 6, 7, 8, 9, 10]
+    assert pool.continuation(prompt, [1]) == []
+    pool.add(prompt, [1, 2, 3, 4])
+    pool.add(prompt, [1, 2, 9, 9])
+    assert pool.continuation(prompt, [1, 2]) == [9, 9]  # the latest first
+    assert pool.continuation(prompt, [1, 2, 3]) == [4]
+    pool.add([40, 41], [20, 21, 22, 23, 24])  # another prompt's answer: its wording after the last tokens written
+    assert pool.continuation(prompt, [7, 21, 22]) == [23, 24]
+    assert pool.continuation(prompt, [30, 7, 8]) == [9, 10]  # else the prompt's own tokens
+    assert pool.continuation(prompt, [30, 31, 8]) == []  # one token in common: no draft
+    for answer in range(10):
+        pool.add(prompt, [answer])
+    assert len(pool._answers[tuple(prompt)]) == shared_greedy.ANSWERS_KEPT
+
+
+def test_shared_prefix_greedy_only_for_full_attention():
+    from types import SimpleNamespace
+
+    from lpes.foundation.spec import StockRope
+    from lpes.search.replica import _length_dependent
+
+    assert shared_greedy.usable(SimpleNamespace(config=SimpleNamespace(sliding_window=None)))
+    assert not shared_greedy.usable(SimpleNamespace(config=SimpleNamespace(sliding_window=512)))
+    assert not shared_greedy.usable(SimpleNamespace(config=SimpleNamespace(
+        sliding_window=None, layer_types=["full_attention", "sliding_attention"])))
+    assert _length_dependent(StockRope("dynamic", 2.0)) and not _length_dependent(StockRope("yarn", 2.0))

@@ -58,7 +58,9 @@ from dataclasses import dataclass
 
 import torch
 
+from lpes.exporters import shared_greedy
 from lpes.exporters.runners import TorchGreedy, model_device, torch_left_pad
+from lpes.exporters.shared_greedy import DraftPool
 from lpes.foundation.errors import LpesError
 from lpes.validation.examples import Example
 
@@ -329,6 +331,7 @@ def greedy_correct(
     eos_token_id: int | list[int] | None = None,
     max_batch_tokens: int = MAX_BATCH_TOKENS,
     prefill_tokens: int | None = None,
+    drafts: DraftPool | None = None,
 ) -> Scores:
     """Greedy decoding within each example's budget, and the benchmark's `best_subspan_em` test.
 
@@ -336,14 +339,16 @@ def greedy_correct(
     `max_new_tokens` overrides every example's budget; None: `Example.answer_tokens`, and
     where that is None too, as many tokens as the answer has. `eos_token_id` defaults to
     the model's own. `prefill_tokens`: a transformers model prefills in chunks of about that many positions
-    (TorchGreedy), so a batch may hold more rows than one prefill pass would.
+    (TorchGreedy), so a batch may hold more rows than one prefill pass would. `drafts`: decode with
+    `SharedPrefixGreedy` where the model allows it (shared prefixes once, earlier answers as drafts, this batch's
+    answers added), the search's many verdicts on the same prompts.
     """
     encoded = encode_examples(tokenizer, examples)
     if eos_token_id is None:
         eos = eos_token_ids(model, tokenizer)
     else:
         eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
-    runner = model if hasattr(model, "greedy") else TorchGreedy(model, pad_token_id(model, tokenizer), prefill_tokens)
+    runner = _runner(model, pad_token_id(model, tokenizer), prefill_tokens, drafts)
     budgets = _budgets(examples, encoded, max_new_tokens)
     results: dict[int, ExampleResult] = {}
     forward_tokens = 0
@@ -351,7 +356,8 @@ def greedy_correct(
     for batch in _batches(lengths, batch_size, max_batch_tokens):
         steps = max(budgets[i] for i in batch)
         outputs = runner.greedy([encoded[i].prompt_ids for i in batch], steps, _runner_eos(runner, eos))
-        # Prefill over the padded prompts, then one position per row per further step.
+        # What generate computes: a prefill over the padded prompts, then one position per row per further step
+        # (SharedPrefixGreedy computes fewer; the search's tokens and tokens/s count these either way).
         prefill = max(len(encoded[i].prompt_ids) for i in batch)
         decode_steps = max(max((len(o) for o in outputs), default=0) - 1, 0)
         forward_tokens += len(batch) * (prefill + decode_steps)
@@ -362,6 +368,14 @@ def greedy_correct(
         if progress is not None:
             progress(len(batch))
     return Scores(tuple(results[i] for i in range(len(examples))), forward_tokens)
+
+
+def _runner(model, pad_id: int, prefill_tokens: int | None, drafts: DraftPool | None):
+    if hasattr(model, "greedy"):
+        return model
+    if drafts is not None and shared_greedy.usable(model):
+        return shared_greedy.SharedPrefixGreedy(model, pad_id, prefill_tokens, drafts)
+    return TorchGreedy(model, pad_id, prefill_tokens)
 
 
 def _budgets(examples: Sequence[Example], encoded: Sequence[EncodedExample], max_new_tokens: int | None) -> list[int]:
@@ -377,18 +391,19 @@ def longest_sequence(tokenizer, examples: Sequence[Example], max_new_tokens: int
 
 
 def calibration_correct(
-    model, tokenizer, examples: Sequence[Example], batch_size: int = 8, progress: Progress | None = None
+    model, tokenizer, examples: Sequence[Example], batch_size: int = 8, progress: Progress | None = None,
+    drafts: DraftPool | None = None,
 ) -> Scores:
     """The search's verdicts: teacher forcing where it is the benchmark's verdict, else greedy decoding."""
     if all(example.answer_tokens is None for example in examples):
         return teacher_forced_correct(model, tokenizer, examples, batch_size, progress)
-    return greedy_correct(model, tokenizer, examples, batch_size, progress=progress)
+    return greedy_correct(model, tokenizer, examples, batch_size, progress=progress, drafts=drafts)
 
 
 def _runner_eos(runner, eos: list[int]) -> int | list[int] | None:
     # transformers' generate stops on any of several ids; the GreedyRunner protocol takes one
     # (the outputs are cut at the first of any of them afterwards).
-    if isinstance(runner, TorchGreedy):
+    if isinstance(runner, (TorchGreedy, shared_greedy.SharedPrefixGreedy)):
         return eos or None
     return eos[0] if eos else None
 
