@@ -1,4 +1,4 @@
-"""The search's greedy runner (exporters/shared_greedy.py) against transformers' `generate` (TorchGreedy), side by
+"""The search's greedy runner (validation/shared_greedy.py) against transformers' `generate` (TorchGreedy), side by
 side on the same batches of a real model's own task, candidate after candidate as a search meets them.
 
     OMP_NUM_THREADS=2 python bench/bench_shared_greedy.py [--model smollm2-135m] [--split held-out|calibration]
@@ -21,11 +21,11 @@ import torch
 from lpes.converter.loading import load_model, load_tokenizer, resolve_model
 from lpes.converter.reference import apply
 from lpes.exporters.runners import TorchGreedy
-from lpes.exporters.shared_greedy import DraftPool, SharedPrefixGreedy
 from lpes.foundation.spec import Spec
 from lpes.search.plan import _held_out_examples, _held_out_task
 from lpes.search.replica import HELD_OUT_BATCHES
 from lpes.validation.scoring import MAX_BATCH_TOKENS, encode_examples, eos_token_ids, pad_token_id
+from lpes.validation.shared_greedy import DraftPool, SharedPrefixGreedy
 from lpes.validation.tasks import examples_for, task_config
 
 

@@ -9,12 +9,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from lpes.exporters.shared_greedy import DraftPool
 from lpes.foundation.devices import format_bytes, visible_devices
 from lpes.foundation.errors import LpesError
 from lpes.foundation.spec import LINEAR_ROPE, RopeScheme, StockRope
 from lpes.search.candidates import Candidate, GradientResult, ObjectiveResult, SchemeScales, ShareResult
 from lpes.validation.examples import Example
+from lpes.validation.shared_greedy import DraftPool
 
 
 class Replica:
@@ -33,7 +33,7 @@ class Replica:
         self.model = load_replica(Path(model_path), self.devices, dtype)
         self._candidate: Candidate | None = None
         # Every candidate answers the same prompts, and most answer most of them alike: each answer is a draft
-        # for the next candidate's (exporters/shared_greedy.py; greedy's tokens either way).
+        # for the next candidate's (validation/shared_greedy.py; greedy's tokens either way).
         self._drafts = DraftPool()
 
     def info(self) -> dict:

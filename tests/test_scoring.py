@@ -11,10 +11,9 @@ from transformers import AutoModelForCausalLM
 
 from lpes.converter.loading import resolve_model
 from lpes.converter.reference import apply
-from lpes.exporters import shared_greedy
 from lpes.exporters.runners import prefill_chunk, torch_left_pad
 from lpes.foundation.spec import Spec
-from lpes.validation import kv_data, scoring, tiny_kv
+from lpes.validation import kv_data, scoring, shared_greedy, tiny_kv
 from lpes.validation.examples import Example
 
 torch.set_num_threads(1)

@@ -58,11 +58,11 @@ from dataclasses import dataclass
 
 import torch
 
-from lpes.exporters import shared_greedy
 from lpes.exporters.runners import TorchGreedy, model_device, torch_left_pad
-from lpes.exporters.shared_greedy import DraftPool
 from lpes.foundation.errors import LpesError
+from lpes.validation import shared_greedy
 from lpes.validation.examples import Example
+from lpes.validation.shared_greedy import DraftPool
 
 Progress = Callable[[int], None]  # called with the number of examples just scored
 # Padded token positions per batch. Activation memory follows tokens (and attention their
