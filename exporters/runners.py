@@ -63,7 +63,7 @@ def greedy_decode(step: Callable[..., tuple[np.ndarray, Any]], rows: list[list[i
     new_tokens: list[list[int]] = [[] for _ in rows]
     done = np.zeros(len(rows), dtype=bool)
     step_logits = []
-    stop = set() if eos_token_id is None else {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id)
+    stop = end_tokens(eos_token_id)
     for _ in range(max_new_tokens):
         logits, present = step(ids, mask, positions, past)
         step_logits.append(logits)
@@ -79,6 +79,13 @@ def greedy_decode(step: Callable[..., tuple[np.ndarray, Any]], rows: list[list[i
         positions = positions[:, -1:] + 1
         mask = np.concatenate([mask, np.ones((len(rows), 1), dtype=np.int64)], axis=1)
     return new_tokens, step_logits
+
+
+def end_tokens(eos_token_id: int | list[int] | None) -> set[int]:
+    """The ids that end a row: none, one, or several (as `eos_token_id` names them)."""
+    if eos_token_id is None:
+        return set()
+    return {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id)
 
 
 class KVCacheGreedy:
@@ -141,6 +148,7 @@ class TorchGreedy:
                 input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config
             )
         return out[:, ids.shape[1] :].cpu().tolist()
+
 
 def prefill_chunk(prefill_tokens: int | None, rows: int, width: int) -> int | None:
     """The positions each prefill pass of `rows` x `width` takes to stay near `prefill_tokens`; None: one pass."""

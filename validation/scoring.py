@@ -60,9 +60,8 @@ import torch
 
 from lpes.exporters.runners import TorchGreedy, model_device, torch_left_pad
 from lpes.foundation.errors import LpesError
-from lpes.validation import shared_greedy
 from lpes.validation.examples import Example
-from lpes.validation.shared_greedy import DraftPool
+from lpes.validation.shared_greedy import DraftPool, SharedPrefixGreedy, usable
 
 Progress = Callable[[int], None]  # called with the number of examples just scored
 # Padded token positions per batch. Activation memory follows tokens (and attention their
@@ -373,8 +372,8 @@ def greedy_correct(
 def _runner(model, pad_id: int, prefill_tokens: int | None, drafts: DraftPool | None):
     if hasattr(model, "greedy"):
         return model
-    if drafts is not None and shared_greedy.usable(model):
-        return shared_greedy.SharedPrefixGreedy(model, pad_id, prefill_tokens, drafts)
+    if drafts is not None and usable(model):
+        return SharedPrefixGreedy(model, pad_id, prefill_tokens, drafts)
     return TorchGreedy(model, pad_id, prefill_tokens)
 
 
@@ -403,7 +402,7 @@ def calibration_correct(
 def _runner_eos(runner, eos: list[int]) -> int | list[int] | None:
     # transformers' generate stops on any of several ids; the GreedyRunner protocol takes one
     # (the outputs are cut at the first of any of them afterwards).
-    if isinstance(runner, (TorchGreedy, shared_greedy.SharedPrefixGreedy)):
+    if isinstance(runner, (TorchGreedy, SharedPrefixGreedy)):
         return eos or None
     return eos[0] if eos else None
 

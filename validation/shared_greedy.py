@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from lpes.exporters.runners import model_device, prefill_chunk
+from lpes.exporters.runners import end_tokens, model_device, prefill_chunk, torch_left_pad
 
 # A prefix is computed apart (one pass of its own) only when sharing it saves at least this many positions: a pass
 # reads every weight once, which costs about as much as computing this many positions in a batch.
@@ -124,16 +124,15 @@ class SharedPrefixGreedy:
         self.model, self.pad_token_id, self.prefill_tokens = model, pad_token_id, prefill_tokens
         self.drafts = drafts if drafts is not None else DraftPool()
         # transformers renamed forward's `past_key_values` to `cache` (5.25 warns on the old name; 5.17 knows only it).
-        self._cache = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self._cache_keyword = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
     def greedy(self, input_ids: list[list[int]], max_new_tokens: int,
                eos_token_id: int | list[int] | None) -> list[list[int]]:
         import torch
 
-        stop = set() if eos_token_id is None else {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id)
         with torch.inference_mode():
             batch = self._prefill(input_ids)
-            answers = self._decode(input_ids, batch, max_new_tokens, stop)
+            answers = self._decode(input_ids, batch, max_new_tokens, end_tokens(eos_token_id))
         for prompt, answer in zip(input_ids, answers):
             self.drafts.add(prompt, answer)
         return answers
@@ -177,13 +176,9 @@ class SharedPrefixGreedy:
 
         device = model_device(self.model)
         cache, mask = _stacked(caches, held)
-        width, length = mask.shape[1], max(len(span) for span in spans)
-        ids = torch.full((len(spans), length), self.pad_token_id, dtype=torch.long)
-        fresh = torch.zeros((len(spans), length), dtype=torch.long)
-        for i, span in enumerate(spans):
-            ids[i, length - len(span):] = torch.tensor(span)
-            fresh[i, length - len(span):] = 1
-        positions = torch.tensor(held)[:, None] + (fresh.cumsum(1) - 1).clamp(min=0)
+        ids, fresh, positions = torch_left_pad(spans, self.pad_token_id)
+        width, length = mask.shape[1], ids.shape[1]
+        positions = positions + torch.tensor(held)[:, None]  # each span goes on from its cache's positions
         mask = torch.cat([mask, fresh], 1)
         chunk = prefill_chunk(self.prefill_tokens, len(spans), length) or length
         for start in range(0, length, chunk):
@@ -191,7 +186,7 @@ class SharedPrefixGreedy:
             logits = self.model(input_ids=ids[:, start:stop].to(device),
                                 attention_mask=mask[:, : width + stop].to(device),
                                 position_ids=positions[:, start:stop].to(device), use_cache=True,
-                                logits_to_keep=1, **{self._cache: cache}).logits[:, -1]
+                                logits_to_keep=1, **{self._cache_keyword: cache}).logits[:, -1]
         return _Batch(cache, mask, torch.tensor(held) + torch.tensor([len(span) for span in spans]), logits, rows)
 
     # ---- decoding ----
@@ -218,7 +213,7 @@ class SharedPrefixGreedy:
             batch.mask = torch.cat([batch.mask, fed], 1)
             logits = self.model(input_ids=ids.to(device), attention_mask=batch.mask.to(device),
                                 position_ids=(batch.next_position[:, None] + torch.arange(width)).to(device),
-                                use_cache=True, **{self._cache: batch.cache}).logits
+                                use_cache=True, **{self._cache_keyword: batch.cache}).logits
             greedy = logits.argmax(-1).tolist()
             going = []
             for i, (row, draft) in enumerate(zip(batch.rows, drafts)):
@@ -292,7 +287,7 @@ def _stacked(kv: list, held: list[int]):
     width = max(held)
     mask = torch.zeros((len(held), width), dtype=torch.long)
     for row, h in enumerate(held):
-        mask[row, width - h:] = 1 if h else 0
+        mask[row, width - h:] = 1  # h = 0: no slot
     if width == 0:
         return DynamicCache(), mask
     layers = []
