@@ -9,7 +9,8 @@ the same 600 held-out verdicts either way (bench/RESULTS.md).
 
 Why it pays on a CPU: a decode step reads every weight for one token a row (SmolLM2-135M, 8 rows: 120 ms a step
 on 2 cores, 23 steps an answer), where checking a 24-token draft is one pass; the kv-retrieval prompts of one
-example at its gold positions share a third of their tokens.
+example at its gold positions share a third of their tokens. Its cache grows in place and its attention reads
+each key/value head once (cache_and_attention.py): the same numbers without transformers' copies.
 
 Rows keep their own positions (RoPE sees exactly the positions a row would see alone); a cache slot that holds no
 token of the row (padding, a shared prefix shorter than another row's, a rejected draft token) is masked out.
@@ -130,7 +131,9 @@ class SharedPrefixGreedy:
                eos_token_id: int | list[int] | None) -> list[list[int]]:
         import torch
 
-        with torch.inference_mode():
+        from lpes.validation.cache_and_attention import grouped_attention
+
+        with torch.inference_mode(), grouped_attention(self.model):
             batch = self._prefill(input_ids)
             answers = self._decode(input_ids, batch, max_new_tokens, end_tokens(eos_token_id))
         for prompt, answer in zip(input_ids, answers):
@@ -262,7 +265,8 @@ class _Batch:
         """One batch of `parts`, each part's slots right-aligned (left-padded) in the widest one's."""
         import torch
         from torch.nn.functional import pad
-        from transformers import DynamicCache
+
+        from lpes.validation.cache_and_attention import growing_cache
 
         if len(parts) == 1:
             return parts[0]
@@ -272,8 +276,8 @@ class _Batch:
             layers.append(tuple(torch.cat([pad(getattr(p.cache.layers[n], kind), (0, 0, width - p.mask.shape[1], 0))
                                            for p in parts]) for kind in ("keys", "values")))
             for p in parts:  # a layer at a time: the parts' caches are not held twice
-                p.cache.layers[n].keys = p.cache.layers[n].values = None
-        return _Batch(DynamicCache(layers), torch.cat([pad(p.mask, (width - p.mask.shape[1], 0)) for p in parts]),
+                p.cache.layers[n].keys = p.cache.layers[n].values = p.cache.layers[n].buffers = None
+        return _Batch(growing_cache(layers), torch.cat([pad(p.mask, (width - p.mask.shape[1], 0)) for p in parts]),
                       torch.cat([p.next_position for p in parts]), torch.cat([p.logits for p in parts]),
                       [r for p in parts for r in p.rows])
 
@@ -282,14 +286,15 @@ def _stacked(kv: list, held: list[int]):
     """A cache of each row's shared prefix (`kv`, `held` positions; None, 0: none), right-aligned in one width, and
     the mask of the slots each row holds."""
     import torch
-    from transformers import DynamicCache
+
+    from lpes.validation.cache_and_attention import growing_cache
 
     width = max(held)
     mask = torch.zeros((len(held), width), dtype=torch.long)
     for row, h in enumerate(held):
         mask[row, width - h:] = 1  # h = 0: no slot
     if width == 0:
-        return DynamicCache(), mask
+        return growing_cache(), mask
     layers = []
     for layer, (keys, values) in enumerate(next(k for k in kv if k is not None)):
         shape = (len(held), keys.shape[1], width, keys.shape[3])
@@ -299,7 +304,7 @@ def _stacked(kv: list, held: list[int]):
                 stacked_keys[row, :, width - h:] = mine[layer][0][0]
                 stacked_values[row, :, width - h:] = mine[layer][1][0]
         layers.append((stacked_keys, stacked_values))
-    return DynamicCache(layers), mask
+    return growing_cache(layers), mask
 
 
 def _similar_lengths(lengths: list[int]) -> list[list[int]]:
