@@ -1,6 +1,7 @@
 """What `SharedPrefixGreedy` computes with on a CPU, beside transformers' own: a cache that grows in place, and
-attention that reads each key/value head once. The same numbers to the bit, without the copies that cost a third of
-a held-out batch's time (SmolLM2-135M, 32 rows of 407 positions on 2 cores; bench/RESULTS.md).
+attention that reads each key/value head once. The same numbers to the bit, without the copies that took a third of
+the operators' time in a profile of a held-out batch (SmolLM2-135M, 32 rows of 407 positions on 2 cores): 7% of
+its wall time (bench/RESULTS.md, "a fourth cut").
 
 - transformers' `DynamicLayer` concatenates every pass's keys and values to the cache: a decode round copies the
   whole cache. `GrowingLayer` writes them into buffers with room to spare; its keys and values are views.
@@ -22,6 +23,8 @@ from transformers.cache_utils import Cache, DynamicLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
+from lpes.exporters.runners import model_device
+
 GROUPED_SDPA = "lpes_grouped_sdpa"  # the name it is registered under with transformers
 ROOM = 64  # slots a buffer grows by at least: a reallocation copies the cache, once per this many or more
 
@@ -35,14 +38,18 @@ class GrowingLayer(DynamicLayer):
 
     @classmethod
     def holding(cls, keys: torch.Tensor, values: torch.Tensor) -> GrowingLayer:
+        """A layer whose buffers are `keys` and `values` themselves, handed over by the caller (no copy; the first
+        update that needs room makes some)."""
         layer = cls()
-        layer.update(keys, values)
+        layer.lazy_initialization(keys, values)
+        layer.buffers = layer.keys, layer.values = keys, values
         return layer
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        held, total = self.get_seq_length(), self.get_seq_length() + key_states.shape[-2]
+        held = self.get_seq_length()
+        total = held + key_states.shape[-2]
         if self.buffers is None or total > self.buffers[0].shape[-2]:
             self.buffers = tuple(_grown(old, new, held, total + max(ROOM, total // 8))
                                  for old, new in ((self.keys, key_states), (self.values, value_states)))
@@ -67,7 +74,7 @@ def _grown(old: torch.Tensor, new: torch.Tensor, held: int, slots: int) -> torch
 
 
 def growing_cache(layers: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> Cache:
-    """A cache of `GrowingLayer`s holding `layers` ([(keys, values)] per layer), or empty."""
+    """A cache of `GrowingLayer`s holding `layers` ([(keys, values)] per layer, handed over), or empty."""
     if layers is None:
         return Cache(layer_class_to_replicate=GrowingLayer)
     return Cache(layers=[GrowingLayer.holding(keys, values) for keys, values in layers])
@@ -95,8 +102,7 @@ def grouped_attention(model) -> Iterator[None]:
     """`grouped_sdpa` for `model` while inside, where it runs transformers' sdpa on a CPU (on a GPU, torch's kernels
     do not take a mask with shared heads: they would fall back to the slow one)."""
     before = model.config._attn_implementation
-    on_cpu = all(p.device.type == "cpu" for p in model.parameters())
-    if before != "sdpa" or not on_cpu:
+    if before != "sdpa" or model_device(model).type != "cpu":  # a replica spans GPUs or none
         yield
         return
     model.set_attn_implementation(GROUPED_SDPA)
