@@ -23,7 +23,7 @@ from lpes.converter.reference import apply
 from lpes.exporters.runners import TorchGreedy
 from lpes.foundation.spec import Spec
 from lpes.search.plan import _held_out_examples, _held_out_task
-from lpes.search.replica import HELD_OUT_BATCHES
+from lpes.search.replica import WIDE_BATCHES
 from lpes.validation.scoring import MAX_BATCH_TOKENS, encode_examples, eos_token_ids, pad_token_id
 from lpes.validation.shared_greedy import DraftPool, SharedPrefixGreedy
 from lpes.validation.tasks import examples_for, task_config
@@ -40,7 +40,7 @@ def main() -> None:
     model, tokenizer, task = load_model(path, "float32").eval(), load_tokenizer(path), task_config(path, None)
     if args.split == "held-out":
         data = examples_for(_held_out_task(task, args.prompts), path, use_chat_template=True, split="validation")
-        examples, batch, prefill = _held_out_examples(data, args.prompts), 8 * HELD_OUT_BATCHES, MAX_BATCH_TOKENS // 2
+        examples, batch, prefill = _held_out_examples(data, args.prompts), 8 * WIDE_BATCHES, MAX_BATCH_TOKENS // 2
     else:
         examples = examples_for(task, path, use_chat_template=True, split="search")[: args.prompts]
         batch, prefill = 8, None

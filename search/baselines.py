@@ -49,11 +49,13 @@ def parse_baselines(text: str) -> tuple[str, ...]:
 
 
 def scan_stock_baselines(evaluator, rope_types: Sequence[str], grid: Sequence[float], chunk: int,
-                         progress: bool = True, halving: bool = False) -> list[BaselineResult]:
+                         progress: bool = True, halving: bool = False, wide_chunk: int = 0) -> list[BaselineResult]:
     """Each of `rope_types` at its best factor among `grid`'s values >= 1, on the evaluator's examples.
 
     `halving`: successive halving first, as the uniform scan's (search/ga.py `_halve`): every factor on the
     same spread examples, the best third kept, on twice as many; then the exact race among those left.
+    `chunk` examples at a time; a factor that must fail more than that before it could be dropped gets that
+    many at once, up to `wide_chunk` (as racing's chunks, search/ga.py `_chunk_size`).
     """
     from lpes.search.progress import StepProgress
 
@@ -71,7 +73,7 @@ def scan_stock_baselines(evaluator, rope_types: Sequence[str], grid: Sequence[fl
             best_factor, best_correct = factors[0], -1
             met = _halve(evaluator, rope_type, factors, chunk, bar) if halving else {}
             for factor in [f for f in factors if f not in met or met[f] is not None]:
-                correct = _race(evaluator, StockRope(rope_type, factor), best_correct, chunk, bar,
+                correct = _race(evaluator, StockRope(rope_type, factor), best_correct, (chunk, wide_chunk), bar,
                                 *(met.get(factor) or (0, set())))
                 if correct is not None and correct > best_correct:
                     best_factor, best_correct = factor, correct
@@ -112,18 +114,20 @@ def scan_stock_objective(evaluator, rope_types: Sequence[str], grid: Sequence[fl
     return results
 
 
-def _race(evaluator, rope: StockRope, to_beat: int, chunk: int, bar, correct: int = 0,
+def _race(evaluator, rope: StockRope, to_beat: int, chunks: tuple[int, int], bar, correct: int = 0,
           met: set[int] = frozenset()) -> int | None:
     """Right answers of `rope` on every example, or None once it cannot pass `to_beat` (going on from `correct`
-    right answers on the examples `met`)."""
+    right answers on the examples `met`); `chunks`: (chunk, wide chunk), scan_stock_baselines's."""
     total = evaluator.num_examples
     left = [i for i in range(total) if i not in met]
     bar.begin(rope.name)
     while left:
-        if correct + len(left) <= to_beat:
+        margin = correct + len(left) - to_beat  # the failures before it could be dropped: none wasted
+        if margin <= 0:
             bar.skipped(len(left))
             return None
-        ids, left = left[:chunk], left[chunk:]
+        size = max(chunks[0], min(chunks[1], margin))
+        ids, left = left[:size], left[size:]
         correct += sum(evaluator.correct(rope, ids))
         bar.computed(len(ids))
     return correct

@@ -45,9 +45,12 @@ class Replica:
         started = time.perf_counter()
         self._use(candidate)
         examples = [self.examples[i] for i in example_ids]
-        score = scoring.greedy_correct if self.method == "greedy" else scoring.calibration_correct
-        scores = score(self.model, self.tokenizer, examples, _batch_size(candidate, self.batch_size),
-                       drafts=self._drafts_for(candidate))
+        wide, drafts = self._wide(candidate), self._drafts_for(candidate)
+        if self.method == "greedy":
+            scores = scoring.greedy_correct(self.model, self.tokenizer, examples, drafts=drafts, **wide)
+        else:
+            scores = scoring.calibration_correct(self.model, self.tokenizer, examples,
+                                                 _batch_size(candidate, self.batch_size), drafts=drafts, greedy=wide)
         return ShareResult(self.slot, tuple(example_ids), tuple(r.correct for r in scores.results),
                            scores.forward_tokens, time.perf_counter() - started)
 
@@ -101,20 +104,26 @@ class Replica:
 
     def greedy_verdicts(self, scales: Candidate, examples: list[Example]) -> list[bool]:
         """The benchmark's verdict (greedy, each example's answer budget) on each of `examples`."""
-        from lpes.validation.scoring import MAX_BATCH_TOKENS, greedy_correct
+        from lpes.validation.scoring import greedy_correct
 
         self._use(scales)
-        # Held out, every prompt is scored (no racing): batches of HELD_OUT_BATCHES x --batch-size share each
-        # decode step's weight reads, and a prefill in chunks of one batch's tokens keeps its matmuls as
-        # efficient as a batch of --batch-size (SmolLM2 on 2 cores: 0.95 s per prompt, 1.07 unchunked;
-        # bench/RESULTS.md); the token cap grows with it. Not for dynamic NTK, one prompt at a time.
-        batch = _batch_size(scales, HELD_OUT_BATCHES * self.batch_size)
-        chunked = batch > 1
-        scores = greedy_correct(self.model, self.tokenizer, examples, batch,
-                                max_batch_tokens=MAX_BATCH_TOKENS * (HELD_OUT_BATCHES if chunked else 1),
-                                prefill_tokens=MAX_BATCH_TOKENS // 2 if chunked else None,
-                                drafts=self._drafts_for(scales))
+        scores = greedy_correct(self.model, self.tokenizer, examples, drafts=self._drafts_for(scales),
+                                **self._wide(scales))
         return [r.correct for r in scores.results]
+
+    def _wide(self, candidate: Candidate) -> dict:
+        """greedy_correct's batching where every verdict asked for is needed (held out, or a racing chunk its
+        runner cannot be dropped within): batches of WIDE_BATCHES x --batch-size share each decode step's weight
+        reads and their prompts' prefixes, and a prefill in chunks of one batch's tokens keeps its matmuls as
+        efficient as a batch of --batch-size (SmolLM2 on 2 cores: 0.95 s per prompt, 1.07 unchunked;
+        bench/RESULTS.md); the token cap grows with it. Not for dynamic NTK: one prompt at a time."""
+        from lpes.validation.scoring import MAX_BATCH_TOKENS
+
+        rows = _batch_size(candidate, WIDE_BATCHES * self.batch_size)
+        if rows == 1:
+            return {"batch_size": 1}
+        return {"batch_size": rows, "max_batch_tokens": MAX_BATCH_TOKENS * WIDE_BATCHES,
+                "prefill_tokens": MAX_BATCH_TOKENS // 2}
 
     def _drafts_for(self, candidate: Candidate) -> DraftPool | None:
         # Drafts and shared prefixes are passes of several positions: a RoPE that follows the sequence length
@@ -136,7 +145,7 @@ class Replica:
         self._candidate = candidate
 
 
-HELD_OUT_BATCHES = 4
+WIDE_BATCHES = 4  # rows decoded together where every verdict is needed, in batches of --batch-size
 
 
 def _batch_size(candidate: Candidate, batch_size: int) -> int:

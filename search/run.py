@@ -37,6 +37,7 @@ from lpes.search.objective import LIKELIHOODS, OWN_ANSWERS
 from lpes.search.options import SearchOptions, check_options, with_defaults
 from lpes.search.plan import SearchPlan, gold_count, plan_search
 from lpes.search.progress import StepProgress, clock
+from lpes.search.replica import WIDE_BATCHES
 from lpes.search.replicas import ReplicaPool, open_pool
 
 # Where scoring ran changes neither the result nor what may resume it; the spec records the
@@ -120,8 +121,10 @@ def _run(plan: SearchPlan, options: SearchOptions, state: SearchState | None, pr
                      replicas=options.replicas, gpus_per_replica=options.gpus_per_replica)
     targets = _use_own_answers(pool, plan, options.objective, progress) if options.objective in OWN_ANSWERS else None
     # Racing chunks start at one example (most hopeless genomes fail at once) and double up to one full
-    # batch; with several replicas as many genomes race at once, one chunk each, so chunks do not grow with them.
-    settings = replace(plan.settings, chunk=options.batch_size, first_chunk=1, replicas=pool.size)
+    # batch, or take at once what a genome must fail before it could be dropped, up to the replica's wide batch;
+    # with several replicas as many genomes race at once, one chunk each, so chunks do not grow with them.
+    settings = replace(plan.settings, chunk=options.batch_size, wide_chunk=WIDE_BATCHES * options.batch_size,
+                       first_chunk=1, replicas=pool.size)
     evaluator = ModelEvaluator(pool, len(plan.examples), plan.rope)
     reporter = _Reporter(progress, UsageMeter(evaluator.usage), lambda: evaluator.forward_tokens, options.patience,
                          options.generations)
@@ -140,7 +143,7 @@ def _run(plan: SearchPlan, options: SearchOptions, state: SearchState | None, pr
             raise LpesError(_nothing_scored(pool, plan.tokenizer, plan.examples, layers, options, plan.task))
         spec = replace(state.parents[0].genome.spec(plan.grid, layers), rope=plan.rope)
         baselines, skipped = _stock_baselines(plan.config, options, evaluator, plan.grid,
-                                              options.batch_size * pool.size, progress,
+                                              (settings.chunk * pool.size, settings.wide_chunk * pool.size), progress,
                                               max(n for _, n in plan.lengths), plan.weights)
         if not plan.rope.linear:  # the uniform scan was this stock type's own scan, raced the same way
             baselines.insert(0, _uniform_as_stock(plan.rope, state, plan.grid))
@@ -210,8 +213,9 @@ def _say_done(out: Path, options: SearchOptions, found: _Found, seconds: float) 
               "held-out examples", file=sys.stderr)
 
 
-def _stock_baselines(config, options: SearchOptions, evaluator: ModelEvaluator, grid: ScaleGrid, chunk: int,
-                     progress: bool, longest: int, weights: list[float]) -> tuple[list[BaselineResult], dict[str, str]]:
+def _stock_baselines(config, options: SearchOptions, evaluator: ModelEvaluator, grid: ScaleGrid,
+                     chunks: tuple[int, int], progress: bool, longest: int,
+                     weights: list[float]) -> tuple[list[BaselineResult], dict[str, str]]:
     """The stock RoPE types this model can take, each at its best factor; and why the others were left out.
 
     A factor at which the type is the unscaled model on these examples (`longest` positions at most:
@@ -238,8 +242,8 @@ def _stock_baselines(config, options: SearchOptions, evaluator: ModelEvaluator, 
                    for result in scan_stock_objective(evaluator, [rope_type], left, weights, progress)]
     else:
         results = [result for rope_type, left in factors.items()
-                   for result in scan_stock_baselines(evaluator, [rope_type], left, chunk, progress,
-                                                      halving=not options.exact_scan)]
+                   for result in scan_stock_baselines(evaluator, [rope_type], left, chunks[0], progress,
+                                                      halving=not options.exact_scan, wide_chunk=chunks[1])]
     if results:
         print(f"lpes-search: {describe(results)}", file=sys.stderr)
     return results, skipped

@@ -43,11 +43,12 @@ SPACE = SearchSpace(ScaleGrid.parse("1:4:0.25"), num_layers=8, degree=3)
 
 
 def run(racing, seed=0, generations=8, population=12, ties="gentle", optimizer=GeneticSearch, replicas=1,
-        patience=0):
+        patience=0, wide_chunk=8):
     task = ThresholdTask()
     state = optimizer(SPACE, task, GASettings(population=population, generations=generations,
                                               parents=population // 2, seed=seed, racing=racing, chunk=8,
-                                              ties=ties, replicas=replicas, patience=patience)).run()
+                                              wide_chunk=wide_chunk, ties=ties, replicas=replicas,
+                                              patience=patience)).run()
     return state, task
 
 
@@ -77,6 +78,21 @@ def test_cmaes_racing_changes_cost_not_result(seed, ties):
     assert outcome(raced) == outcome(plain)
     assert len(raced.optimizer["told"]) == 9 and raced.history[-1]["best"] > raced.history[0]["best"]
     assert raced.raced_out > 0 and raced_task.forward_tokens < plain_task.forward_tokens
+
+
+@pytest.mark.parametrize("optimizer, seed", [(GeneticSearch, 0), (GeneticSearch, 1), (CMASearch, 0), (CMASearch, 1)])
+def test_wide_chunks_change_how_many_calls_not_the_result_nor_the_verdicts(optimizer, seed):
+    """A runner that cannot be dropped within its next k examples gets them in one chunk (up to wide_chunk): the
+    same search, in fewer and wider calls, at no more verdicts but for a few (racing's order of runners moves with
+    the chunks: a bar that rises while a wide chunk runs can make one needless; a runner finished sooner raises the
+    bar for the others sooner)."""
+    population = default_population(SPACE.degree) if optimizer is CMASearch else 12
+    narrow, narrow_task = run(True, seed, optimizer=optimizer, population=population)
+    wide, wide_task = run(True, seed, optimizer=optimizer, population=population, wide_chunk=32)
+    assert outcome(wide) == outcome(narrow)
+    assert len(wide_task.calls) < len(narrow_task.calls)
+    assert max(len(ids) for _, ids in wide_task.calls) > 8 >= max(len(ids) for _, ids in narrow_task.calls)
+    assert wide_task.forward_tokens <= 1.03 * narrow_task.forward_tokens
 
 
 @pytest.mark.parametrize("optimizer", [GeneticSearch, CMASearch])

@@ -51,6 +51,18 @@ def test_racing_finds_the_exhaustive_best_factor_for_less(seed):
     assert len(scored) == len(set(scored)) <= 7 * task.num_examples  # nothing twice
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_wide_chunks_find_the_same_factor_with_the_same_verdicts(seed):
+    """A factor that must fail more than a chunk before it could be dropped gets them at once: the same factor,
+    and no more verdicts than a chunk's overshoot where a factor is dropped (the chunks end elsewhere)."""
+    narrow, wide = WindowTask(seed=seed), WindowTask(seed=seed)
+    [found] = scan_stock_baselines(narrow, ["yarn"], GRID, chunk=4, progress=False)
+    [found_wide] = scan_stock_baselines(wide, ["yarn"], GRID, chunk=4, progress=False, wide_chunk=16)
+    assert {**found_wide, "tokens": 0} == {**found, "tokens": 0}
+    assert wide.forward_tokens <= narrow.forward_tokens + 3 * len(found["factors_scanned"])
+    assert len(wide.calls) < len(narrow.calls) and max(len(ids) for _, ids in wide.calls) == 16
+
+
 def test_a_factor_that_cannot_pass_the_best_is_not_scored_on():
     task = WindowTask()
     task.windows = [(1.4, 1.6)] * task.num_examples  # 1.5 answers everything: nothing after it can pass it

@@ -53,7 +53,7 @@ from __future__ import annotations
 import inspect
 import re
 import string
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -391,12 +391,15 @@ def longest_sequence(tokenizer, examples: Sequence[Example], max_new_tokens: int
 
 def calibration_correct(
     model, tokenizer, examples: Sequence[Example], batch_size: int = 8, progress: Progress | None = None,
-    drafts: DraftPool | None = None,
+    drafts: DraftPool | None = None, greedy: Mapping[str, int] | None = None,
 ) -> Scores:
-    """The search's verdicts: teacher forcing where it is the benchmark's verdict, else greedy decoding."""
+    """The search's verdicts: teacher forcing where it is the benchmark's verdict, else greedy decoding.
+
+    `greedy`: greedy_correct's batching keywords where it decodes (default: batches of `batch_size`)."""
     if all(example.answer_tokens is None for example in examples):
         return teacher_forced_correct(model, tokenizer, examples, batch_size, progress)
-    return greedy_correct(model, tokenizer, examples, batch_size, progress=progress, drafts=drafts)
+    return greedy_correct(model, tokenizer, examples, progress=progress, drafts=drafts,
+                          **(greedy or {"batch_size": batch_size}))
 
 
 def _runner_eos(runner, eos: list[int]) -> int | list[int] | None:
