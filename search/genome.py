@@ -7,6 +7,7 @@ points (indices into the scale grid). The end points sit at the first and last l
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from dataclasses import dataclass
@@ -121,7 +122,7 @@ class SearchSpace:
 
     def scales_key(self, genome: Genome) -> tuple[float, ...]:
         """The rounded scale vector: two genomes with the same key are the same model."""
-        return tuple(round(s, 6) for s in genome.spec(self.grid, self.num_layers).scales)
+        return _scales_key(genome, self.grid, self.num_layers)
 
     def _even_x(self) -> tuple[int, ...]:
         return tuple(round(k * (self.num_layers - 1) / self.degree) for k in range(1, self.degree))
@@ -134,3 +135,9 @@ class SearchSpace:
     def _mutate_x(self, x: int, rng: random.Random) -> int:
         step = max(1, self.num_layers // 8)
         return min(max(x + rng.randint(-step, step), 0), self.num_layers - 1)
+
+
+@functools.lru_cache(maxsize=4096)
+def _scales_key(genome: Genome, grid: ScaleGrid, num_layers: int) -> tuple[float, ...]:
+    # Racing asks for a genome's key at every check, and a Bezier curve's scales take milliseconds to solve.
+    return tuple(round(s, 6) for s in genome.spec(grid, num_layers).scales)
