@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from lpes.converter.architectures import architecture_for
-from lpes.converter.real_models import is_real_model, licence_line, real_model_folder
+from lpes.converter.real_models import is_real_model, licence_line, real_model_folder, real_model_path
 from lpes.foundation.errors import LpesError, shown
 from lpes.foundation.files import read_json_object
 from lpes.foundation.preflight import check_no_special_files
@@ -59,16 +59,25 @@ def model_label(name: str) -> str:
     return name if known or not path.exists() else path.resolve().name
 
 
+def model_location(name: str | os.PathLike) -> Path | None:
+    """Where the folder of `name` is, known without fetching, converting or checking it: a bundled short name, a
+    real model's cache folder, an existing path; None for a hub id (known once downloaded)."""
+    name = str(name)
+    if name in bundled_models():
+        return bundled_models()[name]
+    if is_real_model(name) and not Path(name).exists():
+        return real_model_path(name)
+    path = Path(name).expanduser()
+    return path if path.exists() else None
+
+
 def resolve_model(name: str | os.PathLike) -> Path:
     """A checked local folder for `name`: a bundled short name, an existing folder, or a hub download."""
     name = str(name)
-    if name in bundled_models():
-        return check_model_folder(bundled_models()[name])
     if is_real_model(name) and not Path(name).exists():
         print(licence_line(name), file=sys.stderr)
         return check_model_folder(real_model_folder(name))
-    path = Path(name).expanduser()
-    if path.exists():
+    if (path := model_location(name)) is not None:
         return check_model_folder(path)
     if name.startswith((".", "/", "~")) or name.count("/") > 1:
         raise LpesError(f"model folder not found: {shown(name)}")

