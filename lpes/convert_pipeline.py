@@ -92,11 +92,12 @@ def plan(options: ConvertOptions) -> ConvertPlan:
     """Check every input; raise LpesError with one line for the first problem found."""
     target_classes = parse_targets(options.targets if options.targets is not None else default_targets())
     check_dtype(options.dtype)
-    if (where := model_location(options.model)) is not None:  # --out's typos cost a second, not the model's checks
+    # The spec file and --out first where that needs no model: their typos cost a second, not the model's checks.
+    spec = load_spec(options.spec) if not isinstance(options.spec, Spec) else options.spec
+    if (where := model_location(options.model)) is not None:
         check_output_folder(options.out, where, options.force)
     model_path = resolve_model(options.model)
     config = load_config(model_path)
-    spec = load_spec(options.spec) if not isinstance(options.spec, Spec) else options.spec
     spec = spec.for_layers(config.num_hidden_layers)
     _warn_if_made_for_another_model(spec, config, model_path, options.model)
     check_layout(config)
