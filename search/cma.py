@@ -28,8 +28,9 @@ examples counts only verdicts every such run computes (each sample's up to its d
 LOOK hardest) and the incumbent's failures.
 
 A challenger's fate depends on itself and the incumbent alone, so R replicas race R samples at
-once, each by its own chunk (one example first, doubling up to a batch): the tokens do not
-depend on R. A sample rounded to a genome met before reuses what is known of it.
+once, each by its own chunk (one example first, doubling up to a batch, or at once the examples it
+must fail before it could be refuted, up to the wide chunk): the tokens do not depend on R. A
+sample rounded to a genome met before reuses what is known of it.
 
 Resuming replays CMA-ES from its seed and the rankings told so far (kept in the checkpoint):
 the same samples and state, with no model call.
