@@ -65,16 +65,21 @@ def model_location(name: str | os.PathLike) -> Path | None:
     name = str(name)
     if name in bundled_models():
         return bundled_models()[name]
-    if is_real_model(name) and not Path(name).exists():
+    if _registry_name(name):
         return real_model_path(name)
     path = Path(name).expanduser()
     return path if path.exists() else None
 
 
+def _registry_name(name: str) -> bool:
+    """A real model named as the registry names it, where no folder of that name is in the way."""
+    return is_real_model(name) and not Path(name).exists()
+
+
 def resolve_model(name: str | os.PathLike) -> Path:
     """A checked local folder for `name`: a bundled short name, an existing folder, or a hub download."""
     name = str(name)
-    if is_real_model(name) and not Path(name).exists():
+    if _registry_name(name):
         print(licence_line(name), file=sys.stderr)
         return check_model_folder(real_model_folder(name))
     if (path := model_location(name)) is not None:

@@ -94,8 +94,8 @@ def plan(options: ConvertOptions) -> ConvertPlan:
     check_dtype(options.dtype)
     # The spec file and --out first where that needs no model: their typos cost a second, not the model's checks.
     spec = load_spec(options.spec) if not isinstance(options.spec, Spec) else options.spec
-    if (where := model_location(options.model)) is not None:
-        check_output_folder(options.out, where, options.force)
+    where = model_location(options.model)
+    out = check_output_folder(options.out, where, options.force) if where is not None else None
     model_path = resolve_model(options.model)
     config = load_config(model_path)
     spec = spec.for_layers(config.num_hidden_layers)
@@ -108,7 +108,8 @@ def plan(options: ConvertOptions) -> ConvertPlan:
         if line := window_warning(config, spec.scales, spec.search_task.prompt_tokens[1], "the shipped scaling"):
             _progress(line)
     check_rope_scheme(config, spec.rope)  # per-layer yarn/dynamic need a model whose own RoPE is plain
-    out = check_output_folder(options.out, model_path, options.force)
+    if out is None:  # a hub model's folder is known once downloaded
+        out = check_output_folder(options.out, model_path, options.force)
     task, longest = None, 0
     if options.validate:  # a typo in --data, or the search's data file missing, fails now, not after the export
         from lpes.search.options import check_answer_tokens
