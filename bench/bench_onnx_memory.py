@@ -43,11 +43,11 @@ def build(work: Path, dtype: str) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from lpes.converter.loading import DTYPES
+    from lpes.converter.loading import torch_dtype
 
     torch.manual_seed(0)
     with torch.device("cpu"):
-        model = AutoModelForCausalLM.from_config(LlamaConfig(**SHAPE), dtype=DTYPES[dtype])
+        model = AutoModelForCausalLM.from_config(LlamaConfig(**SHAPE), dtype=torch_dtype(dtype))
     model.save_pretrained(work / "model")
     params = sum(p.numel() for p in model.parameters())
     return {"params": params, "weight_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}

@@ -17,8 +17,6 @@ from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from lpes.converter.architectures import architecture_for
 from lpes.converter.real_models import is_real_model, licence_line, real_model_folder, real_model_path
 from lpes.foundation.errors import LpesError, shown
@@ -31,7 +29,8 @@ if TYPE_CHECKING:
 BUNDLED_MODELS_DIR = Path(str(files("lpes") / "models"))  # package data of lpes, editable or wheel
 DEFAULT_MODEL = "lpes-tiny-kv"
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# torch is imported where a dtype is needed, not here: lpes-convert refuses a mistyped --out before torch loads (3 s).
+DTYPES = ("float32", "float16", "bfloat16")
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 # Weights stored as Python pickles: unpickling can run arbitrary code, so lpes neither reads nor copies them.
@@ -43,6 +42,13 @@ def check_dtype(dtype: str) -> str:
     if dtype not in DTYPES:
         raise LpesError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     return dtype
+
+
+def torch_dtype(name: str):
+    """The torch dtype that `name` (one of DTYPES) names."""
+    import torch
+
+    return getattr(torch, check_dtype(name))
 
 
 def bundled_models() -> dict[str, Path]:
@@ -188,6 +194,7 @@ def check_weights_match(folder: Path, config) -> None:
     dtype, and nothing else is there; else LpesError naming the tensor. Headers only: the model is built on
     the meta device (no memory) and no tensor is read. Tied weights may be absent, as may persistent buffers.
     """
+    import torch
     from transformers import AutoModelForCausalLM
 
     try:
@@ -364,7 +371,7 @@ def load_model(path: Path, dtype: str = "float32", for_export: bool = False, dev
     kwargs = dict(architecture_for(config).export_load_kwargs) if for_export else {}
     if device_map is not None:
         kwargs["device_map"] = device_map
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], use_safetensors=True,
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype), use_safetensors=True,
                                                  trust_remote_code=False, **kwargs)
     return model.eval()
 

@@ -64,10 +64,17 @@ def quiet_third_party(prog: str) -> None:
     if _installed is not None:
         _installed.prog = prog
         return
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.get_logger()  # makes sure transformers' own handler exists
     _installed = _TransformersFilter(prog)
-    # On the handlers: a filter on the "transformers" logger would not see its child loggers' records.
-    for handler in logging.getLogger("transformers").handlers:
+    # On the handlers: a filter on the "transformers" logger would not see its child loggers' records. transformers
+    # adds its handler when first imported, which a command refused at once never does (with torch, 3 s): the filter
+    # goes on the handlers there now and on each one added later.
+    library_logger = logging.getLogger("transformers")
+    for handler in library_logger.handlers:
         handler.addFilter(_installed)
+    add_handler = library_logger.addHandler
+
+    def add_filtered_handler(handler: logging.Handler) -> None:
+        handler.addFilter(_installed)
+        add_handler(handler)
+
+    library_logger.addHandler = add_filtered_handler

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 
 from lpes.converter.fingerprint import model_fingerprint, searched_elsewhere
 from lpes.converter.loading import check_dtype, load_config, model_label, model_location, resolve_model
-from lpes.converter.reference import check_layout, check_rope_scheme
 from lpes.converter.weights_dtype import dtype_note
 from lpes.exporters.targets import ExportJob, Target, default_targets, parse_targets, targets_where
 from lpes.foundation.errors import LpesError
@@ -97,6 +96,8 @@ def plan(options: ConvertOptions) -> ConvertPlan:
     where = model_location(options.model)
     out = check_output_folder(options.out, where, options.force) if where is not None else None
     model_path = resolve_model(options.model)
+    from lpes.converter.reference import check_layout, check_rope_scheme  # torch: 3 s, after the cheap refusals
+
     config = load_config(model_path)
     spec = spec.for_layers(config.num_hidden_layers)
     _warn_if_made_for_another_model(spec, config, model_path, options.model)

@@ -43,7 +43,6 @@ class SearchPlan:
 def plan_search(model: str, out: Path, options: SearchOptions, force: bool) -> SearchPlan:
     """Check the options, the model, the scheme and the data; read the examples and the tokenizer."""
     from lpes.converter.loading import load_config, model_label, resolve_model
-    from lpes.converter.reference import check_layout, check_rope_scheme
     from lpes.converter.weights_dtype import dtype_note
     from lpes.foundation.outputs import check_output_file, check_outside_model
     from lpes.validation.tasks import examples_for, task_config
@@ -51,6 +50,8 @@ def plan_search(model: str, out: Path, options: SearchOptions, force: bool) -> S
 
     grid, settings = check_options(options)
     out = check_output_file(out, force)  # not empty, not a folder, not there without --force (foundation/outputs.py)
+    from lpes.converter.reference import check_layout, check_rope_scheme  # torch: 3 s, after the cheap refusals
+
     model_path = resolve_model(model)
     check_outside_model(out, model_path)
     config = load_config(model_path)
@@ -102,14 +103,14 @@ def _check_backward_memory(config, lengths: list[int], options: SearchOptions) -
     """A gradient search's backward must fit on its device (plan time, before a model is loaded)."""
     import torch
 
-    from lpes.converter.loading import DTYPES, available_memory
+    from lpes.converter.loading import available_memory, torch_dtype
     from lpes.foundation.devices import requested_devices
     from lpes.search.gradient import check_backward_fits
 
     if options.ray is not None:  # the actors' machines are not this one
         return
     devices = requested_devices(options.device)
-    dtype_bytes = DTYPES[resolve_dtype(options)].itemsize
+    dtype_bytes = torch_dtype(resolve_dtype(options)).itemsize
     if devices[0].startswith("cuda"):
         available = min(torch.cuda.mem_get_info(torch.device(d))[0] for d in devices)
     else:

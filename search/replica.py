@@ -181,7 +181,7 @@ def plan_device_map(config, devices: list[str], dtype: str = "float32",
     from transformers import AutoModelForCausalLM
 
     from lpes.converter.architectures import architecture_for
-    from lpes.converter.loading import DTYPES
+    from lpes.converter.loading import torch_dtype
 
     require_accelerate()
     from transformers.integrations.accelerate import get_balanced_memory, infer_auto_device_map
@@ -190,7 +190,7 @@ def plan_device_map(config, devices: list[str], dtype: str = "float32",
     if free_bytes is None:
         free_bytes = {d: torch.cuda.mem_get_info(i)[0] for d, i in zip(devices, indices)}
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=DTYPES[dtype])
+        model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype(dtype))
     no_split = model._no_split_modules
     budget = {i: int(free_bytes[d]) for d, i in zip(devices, indices)}
     balanced = get_balanced_memory(model, max_memory=dict(budget), no_split_module_classes=no_split)

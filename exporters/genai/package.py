@@ -56,6 +56,7 @@ import torch
 from lpes.converter import lpes_rope
 from lpes.converter.architectures import ARCHITECTURES, GenaiSupport, architecture_for
 from lpes.converter.loading import resolved_for_model
+from lpes.exporters.genai.target import BUILDS
 from lpes.foundation.errors import LpesError
 from lpes.foundation.files import write_text_atomic
 from lpes.foundation.spec import Spec, dump_spec
@@ -68,16 +69,6 @@ GENAI_CONFIG = "genai_config.json"
 PRECISION_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 CONTEXT_CAP = 32768  # as TensorRT's default profile: caches of 2 x context x head_dim/2 floats per scale
 _WORK_DIR = ".lpes-genai-build"  # inside out_dir, removed when done
-
-
-# Execution provider -> precisions the builder accepts for it (its own list, TensorRT-RTX left out).
-# Only cpu fp32 and int4 have been run by lpes; the others go through the same cache checks.
-TARGETS: dict[str, tuple[str, ...]] = {
-    "cpu": ("fp32", "int8", "int4"),
-    "cuda": ("fp32", "fp16", "bf16", "int8", "int4"),
-    "dml": ("fp16", "int4"),
-    "webgpu": ("int8", "int4"),
-}
 
 
 @dataclass(frozen=True)
@@ -184,12 +175,12 @@ def package_bytes(plan: GenaiPlan) -> int:
 
 
 def _check_target(precision: str, execution_provider: str) -> None:
-    if execution_provider not in TARGETS:
-        raise LpesError(f"genai execution provider must be one of {', '.join(TARGETS)}, got {execution_provider!r}")
-    if precision not in TARGETS[execution_provider]:
+    if execution_provider not in BUILDS:
+        raise LpesError(f"genai execution provider must be one of {', '.join(BUILDS)}, got {execution_provider!r}")
+    if precision not in BUILDS[execution_provider]:
         raise LpesError(
             f"genai precision for {execution_provider} must be one of "
-            f"{', '.join(TARGETS[execution_provider])}, got {precision!r}"
+            f"{', '.join(BUILDS[execution_provider])}, got {precision!r}"
         )
 
 

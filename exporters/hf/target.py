@@ -54,7 +54,7 @@ class HubFolder(Target):
     def open(cls, folder: Path, run: RunContext) -> OpenedExport:
         from transformers import AutoModelForCausalLM
 
-        from lpes.converter.loading import DTYPES
+        from lpes.converter.loading import torch_dtype
         from lpes.exporters.runners import TorchGreedy
 
         custom_code = (folder / "modeling_lpes.py").is_file()
@@ -64,7 +64,7 @@ class HubFolder(Target):
             check_hub_code(folder)
         # What a user of the folder runs: its own modeling_lpes.py + lpes_rope.py, or a stock config.
         model = AutoModelForCausalLM.from_pretrained(
-            folder, trust_remote_code=custom_code, dtype=DTYPES[run.reference_dtype], use_safetensors=True
+            folder, trust_remote_code=custom_code, dtype=torch_dtype(run.reference_dtype), use_safetensors=True
         )
         note = "PyTorch, trust_remote_code" if custom_code else "PyTorch, stock transformers"
         return OpenedExport(TorchGreedy(model.eval().to(run.device), run.pad_token_id), note, run.reference_dtype)

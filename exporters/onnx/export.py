@@ -6,7 +6,7 @@ In order:
    loading a single weight.
 2. Load the model, patch it with the reference (`converter.reference.apply`), so the
    exported graph is the reference by construction, and wrap it so the KV cache goes
-   in and out as flat tensors (`graph_io.FlatKVCausalLM`).
+   in and out as flat tensors (`FlatKVCausalLM`).
 3. `torch.onnx.export(dynamo=True)` traces it with dynamic batch, sequence and past
    length. A layer's frequencies (`inv_freq / s`, or YaRN's at factor s) depend on no
    input, so the ONNX optimizer folds them into one constant per distinct scale; those
@@ -41,8 +41,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
-from lpes.converter.loading import DTYPES, check_dtype, load_model, resolved_for_model
+from lpes.converter.loading import DTYPES, check_dtype, load_model, resolved_for_model, torch_dtype
 from lpes.converter.reference import apply, check_layout, check_rope_scheme
 from lpes.exporters.onnx import graph_io
 from lpes.foundation.errors import LpesError
@@ -61,6 +62,36 @@ EXTERNAL_DATA_THRESHOLD = 2**31 - 2**26
 _LENGTH_DEPENDENT_ROPE = {"dynamic": "dynamic-NTK"}
 
 
+class FlatKVCausalLM(nn.Module):
+    """A causal LM whose cache goes in and out as flat tensors (what an ONNX graph can carry).
+
+    The past tensors fill a transformers DynamicCache; the model appends this call's
+    keys and values to it; the cache's tensors come back out as `present`.
+    """
+
+    def __init__(self, model: nn.Module, num_layers: int):
+        super().__init__()
+        self.model = model
+        self.num_layers = num_layers
+
+    def forward(self, input_ids, attention_mask, position_ids, *past: torch.Tensor):
+        from transformers import DynamicCache
+
+        # Without a config every layer is a plain DynamicLayer (full history): see the module docstring.
+        cache = DynamicCache([(past[2 * i], past[2 * i + 1]) for i in range(self.num_layers)])
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            use_cache=True,
+        )
+        present = [t for layer in out.cache.layers for t in (layer.keys, layer.values)]
+        # float32 logits whatever the weights' dtype (transformers' generate upcasts them too):
+        # numpy and onnxruntime's Python API have no bfloat16, and the argmax is the same.
+        return (out.logits.float(), *present)
+
+
 def export_onnx(
     model_path: Path, spec: Spec, out_dir: Path, dtype: str = "float32", opset: int = DEFAULT_OPSET, config: Any = None
 ) -> Path:
@@ -77,7 +108,7 @@ def export_onnx(
     model = load_model(model_path, dtype, for_export=True)
     apply(model, spec)
     shape = graph_io.CacheShape.from_config(model.config)
-    program = _trace(model, shape, DTYPES[dtype], opset)
+    program = _trace(model, shape, torch_dtype(dtype), opset)
     constants = _name_scaled_inv_freq(program.model, model, spec)
     strip_exporter_provenance(program.model)
     rewrites = _fuse_friendly(program.model)
@@ -141,7 +172,7 @@ def _dynamic_shapes(num_layers: int) -> dict:
 
 
 def _trace(model, shape: graph_io.CacheShape, dtype: torch.dtype, opset: int):
-    wrapper = graph_io.FlatKVCausalLM(model, shape.num_layers).eval()
+    wrapper = FlatKVCausalLM(model, shape.num_layers).eval()
     with torch.no_grad(), warnings.catch_warnings(), _quiet_exporter():
         warnings.simplefilter("ignore")
         return torch.onnx.export(

@@ -1,4 +1,4 @@
-"""The ONNX graph's interface: input/output names, shapes, and the KV-cache wrapper.
+"""The ONNX graph's interface: input/output names and shapes (no torch: lpes-convert's parser reads them).
 
 Names follow optimum's decoder exports, so tools written for those read ours:
 
@@ -15,9 +15,6 @@ limits what such a layer sees, so every layer has the same cache shape.
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
-from torch import nn
 
 INPUT_IDS, ATTENTION_MASK, POSITION_IDS, LOGITS = "input_ids", "attention_mask", "position_ids", "logits"
 # The graph's dynamic dimensions, by the names the export gives them (TensorRT profiles read them back).
@@ -58,33 +55,3 @@ class CacheShape:
 
     def to_json(self) -> dict:
         return {"num_layers": self.num_layers, "num_key_value_heads": self.num_kv_heads, "head_dim": self.head_dim}
-
-
-class FlatKVCausalLM(nn.Module):
-    """A causal LM whose cache goes in and out as flat tensors (what an ONNX graph can carry).
-
-    The past tensors fill a transformers DynamicCache; the model appends this call's
-    keys and values to it; the cache's tensors come back out as `present`.
-    """
-
-    def __init__(self, model: nn.Module, num_layers: int):
-        super().__init__()
-        self.model = model
-        self.num_layers = num_layers
-
-    def forward(self, input_ids, attention_mask, position_ids, *past: torch.Tensor):
-        from transformers import DynamicCache
-
-        # Without a config every layer is a plain DynamicLayer (full history): see the module docstring.
-        cache = DynamicCache([(past[2 * i], past[2 * i + 1]) for i in range(self.num_layers)])
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            cache=cache,
-            use_cache=True,
-        )
-        present = [t for layer in out.cache.layers for t in (layer.keys, layer.values)]
-        # float32 logits whatever the weights' dtype (transformers' generate upcasts them too):
-        # numpy and onnxruntime's Python API have no bfloat16, and the argmax is the same.
-        return (out.logits.float(), *present)
