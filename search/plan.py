@@ -42,7 +42,7 @@ class SearchPlan:
 
 def plan_search(model: str, out: Path, options: SearchOptions, force: bool) -> SearchPlan:
     """Check the options, the model, the scheme and the data; read the examples and the tokenizer."""
-    from lpes.converter.loading import load_config, model_label, resolve_model
+    from lpes.converter.loading import load_config, model_label, model_location, resolve_model
     from lpes.converter.weights_dtype import dtype_note
     from lpes.foundation.outputs import check_output_file, check_outside_model
     from lpes.validation.tasks import examples_for, task_config
@@ -50,6 +50,9 @@ def plan_search(model: str, out: Path, options: SearchOptions, force: bool) -> S
 
     grid, settings = check_options(options)
     out = check_output_file(out, force)  # not empty, not a folder, not there without --force (foundation/outputs.py)
+    where = model_location(model)  # known without the model's checks: --out inside it is refused in a second
+    if where is not None:
+        check_outside_model(out, where)
     from lpes.converter.reference import check_layout, check_rope_scheme  # torch: 3 s, after the cheap refusals
 
     model_path = resolve_model(model)

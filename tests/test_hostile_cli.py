@@ -399,17 +399,20 @@ QUICK_REFUSALS = [
                       "--genai-precision", "fp16", "--out", "{work}"], "exists; pass --force"),
     ("search_main", ["lpes-tiny-kv", "--out", "{work}"], "is a folder"),
     ("search_main", ["lpes-tiny-kv", "--alpha", "1", "--out", "{work}/best.json"], "--alpha"),
+    ("search_main", ["lpes-tiny-kv", "--out", "{model}/best.json"], "is inside the model folder"),
 ]
 
 
 @pytest.mark.parametrize(("main", "argv", "message"), QUICK_REFUSALS, ids=["convert-out", "convert-genai-out",
-                                                                          "search-out", "search-alpha"])
+                                                                          "search-out", "search-alpha",
+                                                                          "search-out-in-model"])
 def test_a_typo_that_needs_no_model_is_refused_before_torch_loads(tmp_path, main, argv, message):
     """Refusals of --out and flags cost a second, not torch's and transformers' imports (3 s and more)."""
     (tmp_path / "spec.json").write_text(json.dumps({"version": 1, "scales": [1.0, 1.5, 2.0, 1.0]}))
     (tmp_path / "work").mkdir()
     (tmp_path / "work" / "mine.txt").write_text("the user's\n")
-    fill = {"spec": str(tmp_path / "spec.json"), "work": str(tmp_path / "work")}
+    fill = {"spec": str(tmp_path / "spec.json"), "work": str(tmp_path / "work"),
+            "model": str(bundled_models()["lpes-tiny-kv"])}
     code = (f"import sys\nfrom lpes.cli import {main}\ncode = {main}({[a.format(**fill) for a in argv]!r})\n"
             "print(code, sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)

@@ -330,7 +330,9 @@ def test_dtype_reaches_the_loaded_model_and_the_spec(tmp_path, tiny_kv_model, mo
 
     monkeypatch.setattr(loading, "load_model", recording_load)
     # The bundled model on short prompts: a random-weight one answers nothing, where a search stops (issue 28).
-    bundled = ("--data", "tiny-kv:examples=1,length=512", "--generations", "1", "--baselines", "none")
+    # The least search that loads a replica: bfloat16 matmuls are slow on a CPU without native support.
+    bundled = ("--data", "tiny-kv:examples=1,length=512", "--generations", "0", "--population", "2",
+               "--scale-grid", "1:2:1", "--holdout", "2", "--baselines", "none")
     assert search_main(search_args("lpes-tiny-kv", tmp_path / "bf16.json", "--dtype", "bfloat16", *bundled)) == 0
     assert loaded == [torch.bfloat16]
     assert json.loads((tmp_path / "bf16.json").read_text())["provenance"]["search"]["dtype"] == "bfloat16"
