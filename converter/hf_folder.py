@@ -42,6 +42,7 @@ from lpes.foundation.errors import LpesError
 from lpes.foundation.files import write_text_atomic
 from lpes.foundation.plots import plot_curve
 from lpes.foundation.spec import LINEAR_ROPE, RopeScheme, Spec, dump_spec
+from lpes.foundation.spec_file import SPEC_FILE
 
 WEIGHT_SUFFIXES = (".safetensors", ".gguf")  # pickles (.bin, .pt) are never copied: unpickling can run code
 WEIGHT_INDEXES = ("model.safetensors.index.json",)
@@ -88,7 +89,7 @@ def write_hf_folder(
         shutil.copyfile(lpes_rope.__file__, out_dir / ROPE_FILE)
         note = "per-layer scales: modeling_lpes.py + lpes_rope.py, load with trust_remote_code=True"
     write_config_json(data, out_dir / "config.json")
-    dump_spec(spec, out_dir / "lpes_spec.json")
+    dump_spec(spec, out_dir / SPEC_FILE)
     plot_curve(spec, out_dir / "lpes_curve.png")
     if model_card:
         write_model_card(out_dir, spec, base_model, config)

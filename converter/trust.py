@@ -15,6 +15,7 @@ from pathlib import Path
 
 from lpes.foundation.errors import LpesError
 from lpes.foundation.files import read_json_object
+from lpes.foundation.spec_file import SPEC_FILE
 
 MODELING = "modeling_lpes.py"
 ROPE = "lpes_rope.py"
@@ -30,7 +31,6 @@ def check_hub_code(folder: Path) -> None:
     Call it before any `from_pretrained(folder, trust_remote_code=True)`. A folder with
     neither modeling_lpes.py nor auto_map loads without custom code and passes.
     """
-    from lpes.converter import lpes_rope
     from lpes.converter.loading import check_weights
     from lpes.foundation.version import __version__
 
@@ -45,7 +45,7 @@ def check_hub_code(folder: Path) -> None:
     config = read_folder_json(folder / "config.json")
     expected = {
         MODELING: _expected_modeling(folder, config, __version__),
-        ROPE: Path(lpes_rope.__file__).read_bytes(),
+        ROPE: Path(__file__).with_name(ROPE).read_bytes(),  # lpes's own, beside this file (not imported: torch)
     }
     for name, data in expected.items():
         path = folder / name
@@ -161,14 +161,14 @@ def check_lpes_fields(folder: Path) -> None:
     fields = data.get("lpes")
     if not isinstance(fields, dict) or "base_model_type" not in fields:
         return  # a stock-RoPE folder: plain transformers reads it
-    if not (folder / "lpes_spec.json").is_file():
+    if not (folder / SPEC_FILE).is_file():
         raise LpesError(f"{folder} has per-layer scales in config.json but no lpes_spec.json; it is not a folder "
                         "lpes-convert wrote")
     base = {k: v for k, v in data.items() if k not in ("auto_map", "lpes", "architectures", "model_type")}
     try:
         config = AutoConfig.for_model(str(fields["base_model_type"]), **base)
         config.architectures = [str(fields.get("base_architecture"))]
-        spec = load_spec(folder / "lpes_spec.json").for_layers(config.num_hidden_layers)
+        spec = load_spec(folder / SPEC_FILE).for_layers(config.num_hidden_layers)
         layout = architecture_for(config).patch_kwargs(config)
         expected = _lpes_config(data, spec, config, str(fields["base_architecture"]), layout,
                                 str(fields.get("lpes_version")))["lpes"]

@@ -38,7 +38,8 @@ from typing import Any, ClassVar, Protocol
 
 from lpes.exporters.runners import GreedyRunner
 from lpes.foundation.errors import LpesError
-from lpes.foundation.spec import Spec
+from lpes.foundation.spec import Spec, load_spec
+from lpes.foundation.spec_file import SPEC_FILE
 
 
 class RunnerUnavailable(Exception):
@@ -244,6 +245,17 @@ def default_targets() -> str:
 def targets_where(flag: str) -> list[type[Target]]:
     """The registered targets whose class attribute `flag` (holds_spec, uploads, generates) is set, in order."""
     return [cls for cls in registry().values() if getattr(cls, flag)]
+
+
+def find_spec(out_dir: Path) -> Spec:
+    """The spec an lpes-convert output folder holds: in the first export folder that keeps one."""
+    holders = targets_where("holds_spec")
+    for target in holders:
+        candidate = Path(out_dir) / target.folder / SPEC_FILE
+        if candidate.is_file():
+            return load_spec(candidate)
+    inside = " or ".join(f"{t.folder}/" for t in holders if t.folder != ".")
+    raise LpesError(f"no {SPEC_FILE} in {out_dir} (nor in its {inside}); is it an lpes-convert output folder?")
 
 
 def add_target_arguments(parser: argparse.ArgumentParser) -> None:

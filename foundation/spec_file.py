@@ -12,6 +12,7 @@ from typing import Any
 from lpes.foundation.errors import LpesError, shown
 from lpes.foundation.spec_fields import show
 
+SPEC_FILE = "lpes_spec.json"  # the spec every lpes-convert output keeps beside its export
 MAX_FILE_BYTES = 8 << 20
 MAX_DEPTH = 64
 MAX_INT_DIGITS = 40
@@ -47,7 +48,7 @@ def check_size(size: int, path: Path) -> None:
 
 def _spec_inside(folder: Path) -> str:
     try:
-        found = [name for name in ("best.json", "lpes_spec.json") if (folder / name).is_file()]
+        found = [name for name in ("best.json", SPEC_FILE) if (folder / name).is_file()]
     except OSError:  # an unreadable folder: no hint
         found = []
     return f" (did you mean {folder / found[0]}?)" if found else ""

@@ -186,11 +186,10 @@ def _validate(argv: list[str] | None) -> int:
     from lpes.converter.trust import check_hub_code
     from lpes.converter.weights_dtype import dtype_note
     from lpes.exporters.received import check_received_folder
+    from lpes.exporters.targets import find_spec
     from lpes.foundation.devices import check_device, default_dtype
     from lpes.search.options import check_answer_tokens
-    from lpes.validation.report import find_spec, resolve_task, validate
     from lpes.validation.report_room import check_report_room
-    from lpes.validation.task_choice import check_task_encodes
 
     args = _validate_parser().parse_args(argv)
     max_seconds = _max_seconds(args.max_minutes)
@@ -204,6 +203,9 @@ def _validate(argv: list[str] | None) -> int:
     spec = find_spec(args.dir)
     model = args.model or spec.provenance.get("base_model") or DEFAULT_MODEL
     model_path = resolve_model(model)
+    from lpes.validation.report import validate  # torch and the scoring stack: after the checks that need neither
+    from lpes.validation.task_choice import check_task_encodes, resolve_task
+
     config = load_config(model_path)
     elsewhere = searched_elsewhere(spec.searched_model, model_path, config, model)
     spec = spec.for_layers(config.num_hidden_layers)  # resolved once: validate() takes it as it is

@@ -8,6 +8,7 @@ from pathlib import Path
 from lpes.exporters.onnx.runner import OrtCausalLM
 from lpes.exporters.targets import targets_where
 from lpes.foundation.errors import LpesError
+from lpes.foundation.spec_file import SPEC_FILE
 
 
 def export_folder(folder: Path) -> Path:
@@ -79,7 +80,7 @@ MAX_POSITIONS = 1 << 20
 def _largest_scale(onnx_dir: Path) -> float:
     from lpes.foundation.spec import load_spec
 
-    path = onnx_dir / "lpes_spec.json"
+    path = onnx_dir / SPEC_FILE
     try:
         return max(1.0, *load_spec(path).scales) if path.is_file() else 1.0
     except (LpesError, ValueError, TypeError):

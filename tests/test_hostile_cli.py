@@ -400,12 +400,13 @@ QUICK_REFUSALS = [
     ("search_main", ["lpes-tiny-kv", "--out", "{work}"], "is a folder"),
     ("search_main", ["lpes-tiny-kv", "--alpha", "1", "--out", "{work}/best.json"], "--alpha"),
     ("search_main", ["lpes-tiny-kv", "--out", "{model}/best.json"], "is inside the model folder"),
+    ("validate_main", ["{work}"], "no lpes_spec.json in"),
 ]
 
 
 @pytest.mark.parametrize(("main", "argv", "message"), QUICK_REFUSALS, ids=["convert-out", "convert-genai-out",
                                                                           "search-out", "search-alpha",
-                                                                          "search-out-in-model"])
+                                                                          "search-out-in-model", "validate-no-spec"])
 def test_a_typo_that_needs_no_model_is_refused_before_torch_loads(tmp_path, main, argv, message):
     """Refusals of --out and flags cost a second, not torch's and transformers' imports (3 s and more)."""
     (tmp_path / "spec.json").write_text(json.dumps({"version": 1, "scales": [1.0, 1.5, 2.0, 1.0]}))

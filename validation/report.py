@@ -43,10 +43,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lpes.exporters.targets import targets_where
-from lpes.foundation.errors import LpesError
+from lpes.exporters.targets import find_spec
 from lpes.foundation.files import write_text_atomic
-from lpes.foundation.spec import Spec, load_spec
+from lpes.foundation.spec import Spec
 from lpes.validation import checks, scoring, variant_runs
 from lpes.validation.accuracy_plot import plot_accuracy
 from lpes.validation.examples import Example
@@ -70,7 +69,6 @@ from lpes.validation.task_choice import (
 )
 from lpes.validation.variant_runs import BASELINE_NOTE, KvPlan, PlannedVariant
 
-SPEC_FILE = "lpes_spec.json"  # what every lpes-convert output keeps beside its export
 DEFAULT_MAX_SECONDS = 20 * 60  # key-value scoring longer than this (estimated) is left to lpes-validate
 
 
@@ -288,17 +286,6 @@ def _setup_problem(results: list[VariantResult], examples: int) -> str | None:
     return (f"every variant answered 0 of {examples} examples: the task as set up does not fit this model (prompt "
             "format, chat template, answer budget), so this measured nothing about the curve; see the answers "
             "in validation.json, and try --answer-tokens 100, the other chat-template setting or other --data")
-
-
-def find_spec(out_dir: Path) -> Spec:
-    """The spec an lpes-convert output folder holds: in the first export folder that keeps one."""
-    holders = targets_where("holds_spec")
-    for target in holders:
-        candidate = Path(out_dir) / target.folder / SPEC_FILE
-        if candidate.is_file():
-            return load_spec(candidate)
-    inside = " or ".join(f"{t.folder}/" for t in holders if t.folder != ".")
-    raise LpesError(f"no {SPEC_FILE} in {out_dir} (nor in its {inside}); is it an lpes-convert output folder?")
 
 
 # ---- files ----

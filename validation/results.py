@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lpes.validation import checks, scoring
 from lpes.validation.examples import Example
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # types only: lpes-validate's checks of its folder read the file names below without torch
     from lpes.converter.model_card import Measured
+    from lpes.validation import checks, scoring
 
 FORMAT = "lpes-validation"
 VERSION = 1

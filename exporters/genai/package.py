@@ -60,8 +60,8 @@ from lpes.exporters.genai.target import BUILDS
 from lpes.foundation.errors import LpesError
 from lpes.foundation.files import write_text_atomic
 from lpes.foundation.spec import Spec, dump_spec
+from lpes.foundation.spec_file import SPEC_FILE
 
-SPEC_FILE = "lpes_spec.json"
 SIDECAR_FILE = "lpes_genai.json"  # precision and provider the package was built for
 GENAI_CONFIG = "genai_config.json"
 # The builder's precision names -> lpes dtype names (an export's disagreement allowance); the

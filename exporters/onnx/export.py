@@ -49,12 +49,12 @@ from lpes.exporters.onnx import graph_io
 from lpes.foundation.errors import LpesError
 from lpes.foundation.files import read_json_object, write_text_atomic
 from lpes.foundation.spec import Spec, dump_spec
+from lpes.foundation.spec_file import SPEC_FILE
 
 DEFAULT_OPSET = 18
 MODEL_FILE = "model.onnx"
 EXTERNAL_DATA_FILE = "model.onnx_data"
 METADATA_FILE = "lpes_onnx.json"
-SPEC_FILE = "lpes_spec.json"
 # protobuf cannot hold more than 2 GiB in one file; above this the weights go to model.onnx_data.
 EXTERNAL_DATA_THRESHOLD = 2**31 - 2**26
 # RoPE variants whose frequencies change with the sequence length through Python control flow:

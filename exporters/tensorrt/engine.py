@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 from lpes.converter.loading import DTYPES, check_dtype
-from lpes.exporters.onnx.export import MODEL_FILE, SPEC_FILE, read_metadata
+from lpes.exporters.onnx.export import MODEL_FILE, read_metadata
 from lpes.exporters.tensorrt import build as tensorrt_build
 from lpes.exporters.tensorrt.build import build_plan, build_serialized_engine
 from lpes.exporters.tensorrt.ops import check_tensorrt_support
@@ -46,6 +46,7 @@ from lpes.exporters.tensorrt.recipe import (
 from lpes.foundation.commands import ArgumentParser
 from lpes.foundation.errors import LpesError
 from lpes.foundation.files import write_bytes_atomic, write_text_atomic
+from lpes.foundation.spec_file import SPEC_FILE
 
 FORMAT = "lpes-tensorrt"
 VERSION = 1
