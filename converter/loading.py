@@ -30,7 +30,8 @@ BUNDLED_MODELS_DIR = Path(str(files("lpes") / "models"))  # package data of lpes
 DEFAULT_MODEL = "lpes-tiny-kv"
 
 # torch is imported where a dtype is needed, not here: lpes-convert refuses a mistyped --out before torch loads (3 s).
-DTYPES = ("float32", "float16", "bfloat16")
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}  # a weight's bytes, for the plans' memory and disk checks
+DTYPES = tuple(DTYPE_BYTES)
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 # Weights stored as Python pickles: unpickling can run arbitrary code, so lpes neither reads nor copies them.
@@ -42,6 +43,11 @@ def check_dtype(dtype: str) -> str:
     if dtype not in DTYPES:
         raise LpesError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     return dtype
+
+
+def dtype_bytes(name: str) -> int:
+    """The bytes of one weight in the dtype `name` (one of DTYPES)."""
+    return DTYPE_BYTES[check_dtype(name)]
 
 
 def torch_dtype(name: str):

@@ -143,9 +143,9 @@ class Target:
     def output_bytes(self, out: Path) -> int:
         """About how many bytes `write` puts in its folder of the output `out` at most (plan time, for the
         free-space check; read no weights). Default: one copy of the weights in --dtype, as a graph export."""
-        from lpes.converter.loading import parameter_count, torch_dtype
+        from lpes.converter.loading import dtype_bytes, parameter_count
 
-        return parameter_count(self.job.model_path) * torch_dtype(self.job.dtype).itemsize
+        return parameter_count(self.job.model_path) * dtype_bytes(self.job.dtype)
 
     def plan_note(self) -> str | None:
         """After `check`: one line said before any work starts (what this run will not do here)."""

@@ -56,7 +56,8 @@ def plan_search(model: str, out: Path, options: SearchOptions, force: bool) -> S
     from lpes.converter.reference import check_layout, check_rope_scheme  # torch: 3 s, after the cheap refusals
 
     model_path = resolve_model(model)
-    check_outside_model(out, model_path)
+    if where is None:  # a hub model's folder is known once downloaded
+        check_outside_model(out, model_path)
     config = load_config(model_path)
     check_layout(config)
     rope = RopeScheme(options.rope_type).resolved(config)  # YaRN's parameters written out for this model
@@ -106,20 +107,20 @@ def _check_backward_memory(config, lengths: list[int], options: SearchOptions) -
     """A gradient search's backward must fit on its device (plan time, before a model is loaded)."""
     import torch
 
-    from lpes.converter.loading import available_memory, torch_dtype
+    from lpes.converter.loading import available_memory, dtype_bytes
     from lpes.foundation.devices import requested_devices
     from lpes.search.gradient import check_backward_fits
 
     if options.ray is not None:  # the actors' machines are not this one
         return
     devices = requested_devices(options.device)
-    dtype_bytes = torch_dtype(resolve_dtype(options)).itemsize
+    weight_bytes = dtype_bytes(resolve_dtype(options))
     if devices[0].startswith("cuda"):
         available = min(torch.cuda.mem_get_info(torch.device(d))[0] for d in devices)
     else:
         available = available_memory()
     # `lengths`: prompt + the answer's budget, at least the rows the objective runs (prompt + answer - 1).
-    check_backward_fits(config, lengths, options.batch_size, dtype_bytes, available)
+    check_backward_fits(config, lengths, options.batch_size, weight_bytes, available)
 
 
 def _lengths(tokenizer, examples: list) -> list[tuple[int, int]]:

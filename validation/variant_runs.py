@@ -62,12 +62,12 @@ def positions_to_check(config, spec: Spec) -> int:
 def plan_kv(model_path: Path, config, examples, task: ResolvedTask | None, dtype, max_new_tokens,
              source: str | None = None) -> KvPlan:
     """Whether key-value scoring can run here: a tokenizer and memory for the weights; the examples."""
-    from lpes.converter.loading import available_memory, has_tokenizer, load_tokenizer, parameter_count, torch_dtype
+    from lpes.converter.loading import available_memory, dtype_bytes, has_tokenizer, load_tokenizer, parameter_count
 
     if not has_tokenizer(model_path):
         return KvPlan(f"{Path(model_path).name} has no tokenizer files, so no prompts can be built",
                       tokenizer_missing=True)
-    needed = parameter_count(model_path) * torch_dtype(dtype).itemsize
+    needed = parameter_count(model_path) * dtype_bytes(dtype)
     available = available_memory()
     if available is not None and needed > checks.MEMORY_SHARE * available:
         return KvPlan(f"the weights take {format_bytes(needed)} in {dtype}; this machine has "

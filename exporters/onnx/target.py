@@ -72,11 +72,11 @@ class OnnxExport(Target):
 
     def _check_memory(self) -> None:
         """Refuse now an export that would run out of memory later (it holds the weights in --dtype)."""
-        from lpes.converter.loading import available_memory, parameter_count, torch_dtype
+        from lpes.converter.loading import available_memory, dtype_bytes, parameter_count
         from lpes.foundation.devices import format_bytes
 
         share = EXPORT_PEAK_PER_WEIGHT_BYTE if self.job.validate else 1.2
-        needed = share * parameter_count(self.job.model_path) * torch_dtype(self.job.dtype).itemsize
+        needed = share * parameter_count(self.job.model_path) * dtype_bytes(self.job.dtype)
         available = available_memory()
         if available is not None and needed > available:
             raise LpesError(f"--to onnx needs about {format_bytes(needed)} of memory for this model in "
