@@ -103,23 +103,29 @@ def model_card(spec: Spec, base_model: str, config, validation_md: str = "", mea
 
 
 def _decision_section(spec: Spec) -> str:
-    """What was shipped and why: lpes-search's held-out decision table (foundation/decision.py), and the override."""
+    """What was shipped and why: lpes-search's held-out decision table (foundation/decision.py). What the folder
+    holds is read off the spec's own scales (which validation checks against config.json), not taken from a claim."""
     from lpes.foundation.decision import format_table
 
-    decision, shipped = spec.decision, spec.provenance.get("shipped") or {}
+    decision = spec.decision
     if decision is None:
         return ("## What ships and why\n\nThe spec records no held-out decision (written before lpes-search made "
                 "one, or searched with `--holdout 0`): this folder holds the searched curve as it is.")
-    chosen = decision["ship"]["name"]
-    if shipped.get("ship") == "curve":
+    chosen = decision.ship.name
+    held = decision.row_computing(spec.scales, spec.rope.rope_type) if spec.scales else None
+    if held is not None and held.name == chosen:
+        what = f"This folder holds the decision, **{chosen}** (`lpes-convert --ship decision`, the default)."
+    elif held is not None and held.kind == "per-layer":
         what = (f"This folder holds the searched curve (`lpes-convert --ship curve`), not the decision's "
                 f"**{chosen}**.")
     else:
-        what = f"This folder holds the decision, **{chosen}** (`lpes-convert --ship decision`, the default)."
+        what = (f"This folder holds {f'**{held.name}**' if held else 'scales that are none of its candidates'}, "
+                f"not the decision's **{chosen}**.")
     return ("## What ships and why\n\n" + what + f" lpes-search scored every option it considered on "
-            f"{decision['prompts']} held-out prompts ({decision['middle_prompts']} with the needed fact in the middle "
+            f"{decision.prompts} held-out prompts ({decision.middle_prompts} with the needed fact in the middle "
             "of the context, 25-75%) and held each against the simpler ones with McNemar's exact test; the "
-            "simplest that no more complex option beats ships.\n\n" + "\n".join(format_table(decision)))
+            "simplest that no more complex option beats ships.\n\n"
+            + "\n".join(format_table(decision, shipped=held.name if held else "")))
 
 
 def _front_matter(repo: str | None) -> str:

@@ -18,10 +18,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, NoReturn
 
 from lpes.foundation.errors import LpesError
+from lpes.foundation.spec_fields import (
+    MAX_LAYERS,
+    MAX_SCALE,
+    MIN_SCALE,
+    STOCK_ROPE_TYPES,
+    check_keys,
+    is_int,
+    is_number,
+    show,
+)
 
 LEVELS = {"unscaled": 0, "uniform": 1, "stock": 1, "per-layer": 2}
 DEFAULT_ALPHA = 0.05
@@ -114,6 +124,15 @@ class Comparison:
         behind_middle = self.middle_only_simpler > self.middle_only_this and self.middle_p < alpha
         return (ahead_all and not behind_middle) or (ahead_middle and not behind_all)
 
+    @property
+    def ahead(self) -> bool:
+        return self.only_this > self.only_simpler or self.middle_only_this > self.middle_only_simpler
+
+    def to_json(self) -> dict[str, Any]:
+        return {"simpler": self.simpler, "only_this": self.only_this, "only_simpler": self.only_simpler,
+                "p": self.p, "middle_only_this": self.middle_only_this,
+                "middle_only_simpler": self.middle_only_simpler, "middle_p": self.middle_p}
+
 
 def compare(this: Candidate, simpler: Candidate, middle: Sequence[bool]) -> Comparison:
     a, b, p = mcnemar(this.verdicts, simpler.verdicts)
@@ -122,92 +141,367 @@ def compare(this: Candidate, simpler: Candidate, middle: Sequence[bool]) -> Comp
     return Comparison(simpler.name, a, b, p, *mcnemar(mid_this, mid_simpler))
 
 
-def decide(candidates: Sequence[Candidate], middle: Sequence[bool], alpha: float = DEFAULT_ALPHA) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Row:
+    """One candidate's line of the decision table: its verdicts, its accuracy, and its test against each simpler
+    candidate (`against`, in the table's order)."""
+
+    name: str
+    kind: str
+    rope_type: str | None
+    factor: float | None
+    scales: tuple[float, ...] | None
+    verdicts: str  # "1" right, "0" wrong, one character per held-out prompt
+    all: float  # accuracy in %, rounded to 2 places
+    middle: float
+    right: int
+    middle_right: int
+    against: tuple[Comparison, ...]
+
+    @property
+    def level(self) -> int:
+        return LEVELS[self.kind]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "kind": self.kind, "rope_type": self.rope_type, "factor": self.factor,
+                "scales": list(self.scales) if self.scales else None, "verdicts": self.verdicts,
+                "all": self.all, "middle": self.middle, "right": self.right, "middle_right": self.middle_right,
+                "against": [a.to_json() for a in self.against]}
+
+
+@dataclass(frozen=True)
+class Ship:
+    """What the decision ships: a row's name, kind, RoPE type and factor."""
+
+    name: str
+    kind: str
+    rope_type: str | None
+    factor: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "kind": self.kind, "rope_type": self.rope_type, "factor": self.factor}
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The spec's `provenance.decision`: the table, what ships and the line that says why."""
+
+    alpha: float
+    prompts: int
+    middle_prompts: int
+    rows: tuple[Row, ...]
+    ship: Ship
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"alpha": self.alpha, "prompts": self.prompts, "middle_prompts": self.middle_prompts,
+                "rows": [r.to_json() for r in self.rows], "ship": self.ship.to_json(), "reason": self.reason}
+
+    @property
+    def shipped_row(self) -> Row:
+        return next(r for r in self.rows if r.name == self.ship.name)
+
+    def row_computing(self, scales: Sequence[float], rope_type: str) -> Row | None:
+        """The row whose candidate computes these per-layer `scales` under `rope_type` (a spec's), if any: what
+        a folder holds, read off its own scales rather than taken from a claim."""
+        for row in self.rows:
+            if _computes(row, tuple(scales), rope_type):
+                return row
+        return None
+
+
+def _computes(row: Row, scales: tuple[float, ...], rope_type: str) -> bool:
+    if row.kind == "per-layer":
+        return row.name == candidate_name("per-layer", scheme=rope_type) and row.scales is not None and \
+            len(row.scales) == len(scales) and all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(row.scales, scales))
+    factor = 1.0 if row.kind == "unscaled" else row.factor
+    wanted_type = "linear" if row.kind in ("unscaled", "uniform") else row.rope_type
+    return rope_type == wanted_type and all(math.isclose(s, factor, rel_tol=1e-9) for s in scales)
+
+
+def candidate_name(kind: str, rope_type: str | None = None, factor: float | None = None,
+                   scheme: str | None = None) -> str:
+    """The name a candidate has in every table: "unscaled", "uniform s=0.75", "YaRN f=2", "per-layer curve"
+    ("per-layer YaRN curve" for a curve applied as YaRN: `scheme`, the spec's rope_type)."""
+    if kind == "unscaled":
+        return "unscaled"
+    if kind == "uniform":
+        return f"uniform s={factor:g}"
+    if kind == "stock":
+        return f"{STOCK_ROPE_TYPES[rope_type]} f={factor:g}"
+    return "per-layer curve" if scheme in (None, "linear") else f"per-layer {STOCK_ROPE_TYPES[scheme]} curve"
+
+
+def decide(candidates: Sequence[Candidate], middle: Sequence[bool], alpha: float = DEFAULT_ALPHA) -> Decision:
     """The decision (the spec's `decision`): the table, what to ship and why in one line."""
     check_alpha(alpha)
     if not candidates or candidates[0].kind != "unscaled":
         raise ValueError("the first candidate is the unscaled model")
-    prompts = len(middle)
-    rows = [_row(c, candidates, middle) for c in candidates]
-    chosen, reason = _choose(candidates, middle, alpha)
+    rows = tuple(_row(c, candidates, middle) for c in candidates)
+    chosen, reason = decided(rows, alpha, len(middle), sum(middle))
+    return Decision(alpha, len(middle), sum(middle), rows, Ship(chosen.name, chosen.kind, chosen.rope_type,
+                                                                chosen.factor), reason)
+
+
+def decided(rows: Sequence[Row], alpha: float, prompts: int, middle_prompts: int) -> tuple[Row, str]:
+    """The row the rule ships and the line that says why, from the table alone (so a decision read from a file
+    is checked against its own table)."""
     if prompts < smallest_detectable(alpha):
-        chosen = candidates[0]
-        reason = (f"{prompts} held-out prompts cannot show a {DETECTABLE_POINTS:g}-point gain at p < {alpha:g} "
-                  f"(it takes {smallest_detectable(alpha)}): shipping the unscaled model; hold out more prompts")
-    return {"alpha": alpha, "prompts": prompts, "middle_prompts": sum(middle), "rows": rows,
-            "ship": {"name": chosen.name, "kind": chosen.kind, "rope_type": chosen.rope_type,
-                     "factor": chosen.factor},
-            "reason": reason}
+        return rows[0], (f"{prompts} held-out prompts cannot show a {DETECTABLE_POINTS:g}-point gain at p < {alpha:g} "
+                         f"(it takes {smallest_detectable(alpha)}): shipping the unscaled model; hold out more prompts")
+    return _choose(rows, alpha, prompts, middle_prompts)
 
 
-def _choose(candidates: Sequence[Candidate], middle: Sequence[bool], alpha: float) -> tuple[Candidate, str]:
+def _choose(rows: Sequence[Row], alpha: float, prompts: int, middle_prompts: int) -> tuple[Row, str]:
     """The simplest level's best candidate that no more complex candidate beats, and the line that says why."""
-    best = {}
-    for c in candidates:  # each level's best: all, then middle; a tie keeps the earlier
-        if c.level not in best or (sum(c.verdicts), _middle_right(c, middle)) > (
-                sum(best[c.level].verdicts), _middle_right(best[c.level], middle)):
-            best[c.level] = c
+    best: dict[int, Row] = {}
+    for row in rows:  # each level's best: all, then middle; a tie keeps the earlier
+        if row.level not in best or (row.right, row.middle_right) > (best[row.level].right,
+                                                                     best[row.level].middle_right):
+            best[row.level] = row
     levels = sorted(best)
+    gain = _gain_line(prompts, middle_prompts)
     for level in levels:
         option = best[level]
-        rivals = [(c, compare(c, option, middle)) for c in candidates if c.level > level]
+        rivals = [(r, _versus(rows, r, option)) for r in rows if r.level > level]
         if any(cmp.beats(alpha) for _, cmp in rivals):
             continue
         if rivals:
             # The rival nearest to winning: one ahead on all or middle prompts before one behind, then by p.
-            rival, cmp = min(rivals, key=lambda item: (not _ahead(item[1]), min(item[1].p, item[1].middle_p)))
-            return option, f"{option.name} shipped; {rival.name} not: {_gain(rival, option, cmp, middle)}"
+            rival, cmp = min(rivals, key=lambda item: (not item[1].ahead, min(item[1].p, item[1].middle_p)))
+            return option, f"{option.name} shipped; {rival.name} not: {gain(rival, option, cmp)}"
         below = best[max(lv for lv in levels if lv < level)] if level > levels[0] else None
         if below is None:
             return option, f"{option.name} shipped: the only candidate"
-        cmp = compare(option, below, middle)
-        return option, f"{option.name} shipped: {_gain(option, below, cmp, middle)}"
+        return option, f"{option.name} shipped: {gain(option, below, _versus(rows, option, below))}"
     raise AssertionError("the most complex level is never beaten")
 
 
-def _ahead(cmp: Comparison) -> bool:
-    return cmp.only_this > cmp.only_simpler or cmp.middle_only_this > cmp.middle_only_simpler
+def _versus(rows: Sequence[Row], this: Row, simpler: Row) -> Comparison:
+    """`this` row's test against `simpler` (its `against` follows the table's simpler rows in order)."""
+    lower = [r for r in rows if r.level < this.level]
+    return next(cmp for r, cmp in zip(lower, this.against) if r is simpler)
 
 
-def _gain(this: Candidate, other: Candidate, cmp: Comparison, middle: Sequence[bool]) -> str:
-    """"+1.6 in the middle over uniform s=0.75, p = 0.79": where `this` gained more surely, and its p."""
-    if cmp.middle_p < cmp.p:
-        gain, where, p = _middle_accuracy(this, middle) - _middle_accuracy(other, middle), "in the middle", cmp.middle_p
-    else:
-        gain, where, p = 100 * (sum(this.verdicts) - sum(other.verdicts)) / max(1, len(middle)), "overall", cmp.p
-    return f"{gain:+.1f} {where} over {other.name}, p = {p:.2g}"
+def _gain_line(prompts: int, middle_prompts: int):
+    def gain(this: Row, other: Row, cmp: Comparison) -> str:
+        """"+1.6 in the middle over uniform s=0.75, p = 0.79": where `this` gained more surely, and its p."""
+        if cmp.middle_p < cmp.p:
+            points = 100 * (this.middle_right - other.middle_right) / max(1, middle_prompts)
+            return f"{points:+.1f} in the middle over {other.name}, p = {cmp.middle_p:.2g}"
+        points = 100 * (this.right - other.right) / max(1, prompts)
+        return f"{points:+.1f} overall over {other.name}, p = {cmp.p:.2g}"
+    return gain
 
 
-def _middle_right(c: Candidate, middle: Sequence[bool]) -> int:
-    return sum(v for v, m in zip(c.verdicts, middle) if m)
+def _row(c: Candidate, candidates: Sequence[Candidate], middle: Sequence[bool]) -> Row:
+    middle_right = sum(v for v, m in zip(c.verdicts, middle) if m)
+    return Row(c.name, c.kind, c.rope_type, c.factor, tuple(c.scales) if c.scales else None,
+               "".join("1" if v else "0" for v in c.verdicts),
+               round(100 * sum(c.verdicts) / max(1, len(c.verdicts)), 2),
+               round(100 * middle_right / max(1, sum(middle)), 2), sum(c.verdicts), middle_right,
+               tuple(compare(c, other, middle) for other in candidates if other.level < c.level))
 
 
-def _middle_accuracy(c: Candidate, middle: Sequence[bool]) -> float:
-    return 100 * _middle_right(c, middle) / max(1, sum(middle))
-
-
-def _row(c: Candidate, candidates: Sequence[Candidate], middle: Sequence[bool]) -> dict[str, Any]:
-    simpler = [compare(c, other, middle) for other in candidates if other.level < c.level]
-    return {"name": c.name, "kind": c.kind, "rope_type": c.rope_type, "factor": c.factor,
-            "scales": list(c.scales) if c.scales else None, "verdicts": "".join("1" if v else "0" for v in c.verdicts),
-            "all": round(100 * sum(c.verdicts) / max(1, len(c.verdicts)), 2),
-            "middle": round(_middle_accuracy(c, middle), 2),
-            "right": sum(c.verdicts), "middle_right": _middle_right(c, middle),
-            "against": [{"simpler": s.simpler, "only_this": s.only_this, "only_simpler": s.only_simpler,
-                         "p": s.p, "middle_only_this": s.middle_only_this,
-                         "middle_only_simpler": s.middle_only_simpler, "middle_p": s.middle_p} for s in simpler]}
-
-
-def format_table(decision: dict[str, Any], label: str = "Decision") -> list[str]:
-    """The decision as Markdown: one row per candidate, its p against each simpler one, then the reason."""
-    lines = [f"| candidate | all ({decision['prompts']}) | middle ({decision['middle_prompts']}) | "
+def format_table(decision: Decision, label: str = "Decision", shipped: str | None = None) -> list[str]:
+    """The decision as Markdown: one row per candidate, its p against each simpler one, then the reason.
+    `shipped`: the row a folder holds where it is not the decision's (`--ship curve`); that row is marked
+    shipped and the decision's row "decided"."""
+    shipped = decision.ship.name if shipped is None else shipped
+    lines = [f"| candidate | all ({decision.prompts}) | middle ({decision.middle_prompts}) | "
              "vs simpler: only this / only simpler, p (all; middle) |", "|---|---:|---:|---|"]
-    for row in decision["rows"]:
-        against = "; ".join(f"{a['simpler']}: {a['only_this']}/{a['only_simpler']}, p = {a['p']:.2g}; "
-                            f"{a['middle_only_this']}/{a['middle_only_simpler']}, p = {a['middle_p']:.2g}"
-                            for a in row["against"]) or "-"
-        shipped = " **(shipped)**" if row["name"] == decision["ship"]["name"] else ""
-        lines.append(f"| {row['name']}{shipped} | {row['all']:.1f} | {row['middle']:.1f} | {against} |")
+    for row in decision.rows:
+        against = "; ".join(f"{a.simpler}: {a.only_this}/{a.only_simpler}, p = {a.p:.2g}; "
+                            f"{a.middle_only_this}/{a.middle_only_simpler}, p = {a.middle_p:.2g}"
+                            for a in row.against) or "-"
+        mark = " **(shipped)**" if row.name == shipped else " **(decided)**" if row.name == decision.ship.name else ""
+        lines.append(f"| {row.name}{mark} | {row.all:.1f} | {row.middle:.1f} | {against} |")
     lines.append("")
-    lines.append(f"{label} (McNemar's exact test, alpha {decision['alpha']:g}): {decision['reason']}")
+    lines.append(f"{label} (McNemar's exact test, alpha {decision.alpha:g}): {markdown_text(decision.reason)}")
     return lines
+
+
+def markdown_text(text: str) -> str:
+    """`text` (one printable line, maybe from a file) as Markdown shows it literally: no link, tag, table cell
+    or emphasis it could open."""
+    return "".join("\\" + c if c in MARKDOWN_SPECIAL else c for c in text)
+
+
+MARKDOWN_SPECIAL = set("\\`*_[]<>|#!~")
+
+
+# ---- reading a decision back (the spec's provenance.decision): every field typed and checked ----
+
+WHERE = "provenance.decision"
+DECISION_KEYS = ("alpha", "prompts", "middle_prompts", "rows", "ship", "reason")
+SHIP_KEYS = ("name", "kind", "rope_type", "factor")
+ROW_KEYS = ("name", "kind", "rope_type", "factor", "scales", "verdicts", "all", "middle", "right", "middle_right",
+            "against")
+AGAINST_KEYS = ("simpler", "only_this", "only_simpler", "p", "middle_only_this", "middle_only_simpler", "middle_p")
+MAX_ROWS = 64
+MAX_PROMPTS = 1_000_000
+MAX_TEXT = 400  # characters of a reason: one line of a terminal or a card
+
+
+def parse_decision(data: Any) -> Decision | None:
+    """A decision read from a file, or LpesError naming the first field that is wrong: each field's type and
+    range, each row's name, kind, factor and scales consistent, its counts and p values those of its verdicts,
+    and what ships the row that its own table's rule picks. None: no decision recorded."""
+    if data is None:
+        return None
+    _object(data, DECISION_KEYS, WHERE)
+    alpha = data["alpha"]
+    if not (is_number(alpha) and 0 < alpha < 1):
+        _refuse("alpha", f"must be a number in (0, 1), got {show(alpha)}")
+    prompts = _count(data["prompts"], "prompts", 1, MAX_PROMPTS)
+    middle_prompts = _count(data["middle_prompts"], "middle_prompts", 0, prompts)
+    if not isinstance(data["rows"], list) or not 1 <= len(data["rows"]) <= MAX_ROWS:
+        _refuse("rows", f"must be a list of 1 to {MAX_ROWS} rows, got {show(data['rows'])}")
+    rows: list[Row] = []
+    for i, entry in enumerate(data["rows"]):
+        rows.append(_parse_row(entry, f"rows[{i}]", rows, prompts, middle_prompts))
+    if rows[0].kind != "unscaled":
+        _refuse("rows[0].kind", f"must be 'unscaled' (the table starts there), got {show(rows[0].kind)}")
+    ship = _parse_ship(data["ship"], rows)
+    reason = one_line_text(data["reason"], f"{WHERE}.reason")
+    chosen, _ = decided(rows, float(alpha), prompts, middle_prompts)
+    if chosen.name != ship.name:
+        _refuse("ship", f"names {show(ship.name)}, but its own table decides {show(chosen.name)}")
+    return Decision(float(alpha), prompts, middle_prompts, tuple(rows), ship, reason)
+
+
+def one_line_text(value: Any, where: str) -> str:
+    """A text field read from a file: one line of printable characters, at most MAX_TEXT of them."""
+    if not isinstance(value, str) or not value.strip():
+        raise LpesError(f"spec: '{where}' must be a non-empty string, got {show(value)}")
+    if not value.isprintable() or len(value) > MAX_TEXT:
+        raise LpesError(f"spec: '{where}' must be one line of at most {MAX_TEXT} printable characters, "
+                        f"got {show(value)}")
+    return value
+
+
+def _parse_row(entry: Any, where: str, earlier: list[Row], prompts: int, middle_prompts: int) -> Row:
+    _object(entry, ROW_KEYS, f"{WHERE}.{where}")
+    kind, rope_type, factor = _kind_type_factor(entry, where)
+    name = one_line_text(entry["name"], f"{WHERE}.{where}.name")
+    scales = entry["scales"]
+    if kind == "per-layer":
+        scales = tuple(_scales(scales, f"{where}.scales"))
+        allowed = [candidate_name("per-layer", scheme=s) for s in ("linear", *STOCK_ROPE_TYPES)]
+        if name not in allowed:
+            _refuse(f"{where}.name", f"must be one of {', '.join(map(repr, allowed))} for a per-layer row, "
+                    f"got {show(name)}")
+    else:
+        if scales is not None:
+            _refuse(f"{where}.scales", f"must be null for a {kind} row, got {show(scales)}")
+        if name != candidate_name(kind, rope_type, factor):
+            _refuse(f"{where}.name", f"is {show(name)}, but its kind and factor make it "
+                    f"{show(candidate_name(kind, rope_type, factor))}")
+    if any(r.name == name for r in earlier):
+        _refuse(f"{where}.name", f"{show(name)} appears twice in the table")
+    verdicts = entry["verdicts"]
+    if not (isinstance(verdicts, str) and len(verdicts) == prompts and set(verdicts) <= {"0", "1"}):
+        _refuse(f"{where}.verdicts", f"must be a string of {prompts} '0'/'1' characters, got {show(verdicts)}")
+    right = verdicts.count("1")
+    if _count(entry["right"], f"{where}.right", 0, prompts) != right:
+        _refuse(f"{where}.right", f"is {entry['right']}, but its verdicts hold {right} right")
+    middle_right = _count(entry["middle_right"], f"{where}.middle_right", 0, min(right, middle_prompts))
+    _accuracy(entry["all"], 100 * right / prompts, f"{where}.all")
+    _accuracy(entry["middle"], 100 * middle_right / max(1, middle_prompts), f"{where}.middle")
+    row = Row(name, kind, rope_type, factor, scales, verdicts, float(entry["all"]), float(entry["middle"]), right,
+              middle_right, ())
+    lower = [r for r in earlier if r.level < row.level]
+    return replace(row, against=_parse_against(entry["against"], f"{where}.against", row, lower))
+
+
+def _parse_against(entries: Any, where: str, row: Row, lower: list[Row]) -> tuple[Comparison, ...]:
+    if not isinstance(entries, list) or len(entries) != len(lower):
+        _refuse(where, f"must list the {len(lower)} simpler rows above it, got {show(entries)}")
+    out = []
+    for i, (entry, simpler) in enumerate(zip(entries, lower)):
+        here = f"{where}[{i}]"
+        _object(entry, AGAINST_KEYS, f"{WHERE}.{here}")
+        if entry["simpler"] != simpler.name:
+            _refuse(f"{here}.simpler", f"must be {show(simpler.name)} (the table's order), "
+                    f"got {show(entry['simpler'])}")
+        only_this = sum(a == "1" and b == "0" for a, b in zip(row.verdicts, simpler.verdicts))
+        only_simpler = sum(a == "0" and b == "1" for a, b in zip(row.verdicts, simpler.verdicts))
+        for key, value in (("only_this", only_this), ("only_simpler", only_simpler)):
+            if _count(entry[key], f"{here}.{key}", 0, row.right + simpler.right) != value:
+                _refuse(f"{here}.{key}", f"is {entry[key]}, but the two rows' verdicts give {value}")
+        middle = [_count(entry[key], f"{here}.{key}", 0, limit) for key, limit in
+                  (("middle_only_this", only_this), ("middle_only_simpler", only_simpler))]
+        for key, counts in (("p", (only_this, only_simpler)), ("middle_p", middle)):
+            if not (is_number(entry[key]) and math.isclose(entry[key], binomial_p(*counts), rel_tol=1e-9,
+                                                            abs_tol=1e-300)):
+                _refuse(f"{here}.{key}", f"is {show(entry[key])}, but McNemar's test of its counts gives "
+                        f"{binomial_p(*counts):.6g}")
+        out.append(Comparison(simpler.name, only_this, only_simpler, float(entry["p"]), *middle,
+                              float(entry["middle_p"])))
+    return tuple(out)
+
+
+def _parse_ship(entry: Any, rows: list[Row]) -> Ship:
+    _object(entry, SHIP_KEYS, f"{WHERE}.ship")
+    kind, rope_type, factor = _kind_type_factor(entry, "ship")
+    name = entry["name"]
+    row = next((r for r in rows if r.name == name), None)
+    if row is None:
+        _refuse("ship.name", f"{show(name)} is no row of the decision's table")
+    if (row.kind, row.rope_type, row.factor) != (kind, rope_type, factor):
+        _refuse("ship", f"says {kind} {rope_type} {factor}, but its row {show(name)} says "
+                f"{row.kind} {row.rope_type} {row.factor}")
+    return Ship(name, kind, rope_type, factor)
+
+
+SHIP_TYPES = {"unscaled": (None,), "uniform": ("linear",), "stock": tuple(STOCK_ROPE_TYPES), "per-layer": (None,)}
+
+
+def _kind_type_factor(entry: dict, where: str) -> tuple[str, str | None, float | None]:
+    kind, rope_type, factor = entry["kind"], entry["rope_type"], entry["factor"]
+    if not isinstance(kind, str) or kind not in SHIP_TYPES:
+        _refuse(f"{where}.kind", f"must be one of {', '.join(SHIP_TYPES)}, got {show(kind)}")
+    if rope_type not in SHIP_TYPES[kind]:
+        _refuse(f"{where}.rope_type", f"must be {' or '.join(map(str, SHIP_TYPES[kind]))} for a {kind} "
+                f"row, got {show(rope_type)}")
+    if kind in ("unscaled", "per-layer"):
+        if factor is not None:
+            _refuse(f"{where}.factor", f"must be null for a {kind} row, got {show(factor)}")
+        return kind, rope_type, None
+    least = 1.0 if kind == "stock" else MIN_SCALE
+    if not (is_number(factor) and least <= factor <= MAX_SCALE):
+        _refuse(f"{where}.factor", f"must be a scale in [{least:g}, {MAX_SCALE:g}] for a {kind} row, "
+                f"got {show(factor)}")
+    return kind, rope_type, float(factor)
+
+
+def _scales(value: Any, where: str) -> list[float]:
+    if not isinstance(value, list) or not 1 <= len(value) <= MAX_LAYERS or not all(
+            is_number(v) and MIN_SCALE <= v <= MAX_SCALE for v in value):
+        _refuse(where, f"must be a list of 1 to {MAX_LAYERS} scales in [{MIN_SCALE:g}, {MAX_SCALE:g}], "
+                f"got {show(value)}")
+    return [float(v) for v in value]
+
+
+def _object(value: Any, keys: tuple[str, ...], where: str) -> None:
+    if not isinstance(value, dict):
+        raise LpesError(f"spec: '{where}' must be an object, got {show(value)}")
+    check_keys(value, keys, where)
+    missing = [k for k in keys if k not in value]
+    if missing:
+        raise LpesError(f"spec: '{where}' lacks {', '.join(map(repr, missing))}")
+
+
+def _count(value: Any, where: str, least: int, most: int) -> int:
+    if not (is_int(value) and least <= value <= most):
+        _refuse(where, f"must be an integer in {least}..{most}, got {show(value)}")
+    return value
+
+
+def _accuracy(value: Any, exact: float, where: str) -> None:
+    if not (is_number(value) and abs(value - exact) <= 0.005 + 1e-9):
+        _refuse(where, f"is {show(value)}, but its counts give {exact:.2f}")
+
+
+def _refuse(field: str, what: str) -> NoReturn:
+    raise LpesError(f"spec: '{WHERE}.{field}' {what}")

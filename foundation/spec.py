@@ -60,10 +60,12 @@ import json
 import math
 import os
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from lpes.foundation import bezier
+from lpes.foundation.decision import Decision, one_line_text, parse_decision
 from lpes.foundation.errors import LpesError, shown
 from lpes.foundation.files import write_bytes_atomic
 from lpes.foundation.spec_fields import (
@@ -272,24 +274,23 @@ class Spec:
         value = self.provenance.get("base_model")
         return value if isinstance(value, str) and value else None
 
-    @property
-    def decision(self) -> dict[str, Any] | None:
-        """lpes-search's held-out decision (`provenance.decision`, foundation/decision.py): None in a spec written
-        before it existed or searched with --holdout 0."""
-        decision = self.provenance.get("decision")
-        return decision if isinstance(decision, dict) else None
+    @cached_property
+    def decision(self) -> Decision | None:
+        """lpes-search's held-out decision (`provenance.decision`, foundation/decision.py), checked when the spec
+        was read: None in a spec written before it existed or searched with --holdout 0."""
+        return parse_decision(self.provenance.get("decision"))
 
     def as_decided(self) -> Spec:
         """The spec of what the decision ships: the unscaled model, one scale or stock factor in every layer, or
         this curve; the provenance (decision included) kept. Needs the scales resolved (`for_layers`)."""
-        ship = (self.decision or {}).get("ship") or {"kind": "per-layer"}
+        ship = self.decision.ship if self.decision else None
         layers = len(self.scales)
-        if ship["kind"] == "per-layer":
+        if ship is None or ship.kind == "per-layer":
             return self
-        if ship["kind"] == "unscaled":
+        if ship.kind == "unscaled":
             return Spec.from_scales([1.0] * layers, self.provenance)
-        rope = LINEAR_ROPE if ship["kind"] == "uniform" else RopeScheme(ship["rope_type"])
-        return Spec.from_scales([float(ship["factor"])] * layers, self.provenance, rope)
+        rope = LINEAR_ROPE if ship.kind == "uniform" else RopeScheme(ship.rope_type)
+        return Spec.from_scales([ship.factor] * layers, self.provenance, rope)
 
     def for_layers(self, num_layers: int) -> Spec:
         """This spec resolved for a model with `num_layers` decoder layers (scales filled in, count checked)."""
@@ -364,6 +365,8 @@ def parse_spec(data: Any) -> Spec:
     if scales is None and curve is None:
         raise LpesError("spec: needs 'scales' or a curve ('curve' or 'control_points')")
     provenance = check_provenance(data.get("provenance", {}))
+    decision = parse_decision(provenance.get("decision"))
+    shipped = _check_shipped(provenance.get("shipped"))
     rope = RopeScheme(*check_rope(data))
     spec = Spec(None if scales is None else tuple(check_scales(scales, "scales")), curve, provenance, rope)
     if spec.scales is not None:
@@ -374,7 +377,41 @@ def parse_spec(data: Any) -> Spec:
         spec = spec.for_layers(num_layers)
     if spec.scales is not None and curve is not None:
         _check_scales_match_curve(spec.scales, curve)
+    if decision is not None and scales is not None:
+        _check_decision_matches(decision, shipped, spec)
     return spec
+
+
+SHIPPED_KEYS = ("ship", "what")
+
+
+def _check_shipped(shipped: Any) -> str | None:
+    """provenance.shipped (lpes-convert's): which of the decision and the curve the folder was made from."""
+    if shipped is None:
+        return None
+    if not isinstance(shipped, dict):
+        raise LpesError(f"spec: 'provenance.shipped' must be an object, got {show(shipped)}")
+    check_keys(shipped, SHIPPED_KEYS, "provenance.shipped")
+    if shipped.get("ship") not in ("decision", "curve"):
+        raise LpesError("spec: 'provenance.shipped.ship' must be 'decision' or 'curve', "
+                        f"got {show(shipped.get('ship'))}")
+    one_line_text(shipped.get("what"), "provenance.shipped.what")
+    return shipped["ship"]
+
+
+def _check_decision_matches(decision: Decision, shipped: str | None, spec: Spec) -> None:
+    """The scales the spec holds are what its decision says: the decision's row where lpes-convert shipped the
+    decision, else (lpes-search's spec, or --ship curve) the per-layer row, where the table has one."""
+    held = decision.row_computing(spec.scales, spec.rope.rope_type)
+    if shipped == "decision":
+        if held is None or held.name != decision.ship.name:
+            raise LpesError(f"spec: 'provenance.shipped' says the decision, {decision.ship.name}, ships, but the "
+                            f"spec's scales and rope_type compute {held.name if held else 'none of its candidates'}")
+        return
+    curve = next((r for r in decision.rows if r.kind == "per-layer"), None)
+    if curve is not None and held is not curve:
+        raise LpesError(f"spec: the decision's {curve.name!r} row does not hold the spec's scales and rope_type "
+                        f"(they compute {held.name if held else 'none of its candidates'})")
 
 
 def _curve_of(data: dict) -> Curve | None:

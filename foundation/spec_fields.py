@@ -139,33 +139,7 @@ def check_provenance(provenance: Any) -> dict[str, Any]:
                             f"a scale must lie in {SCALE_RANGE}")
     _check_stock_baselines(provenance.get("search", {}).get("stock_baselines"))
     _check_search_task(provenance.get("search", {}).get("task"))
-    _check_decision(provenance.get("decision"))
     return provenance
-
-
-SHIP_KINDS = {"unscaled": (None,), "uniform": ("linear",), "stock": tuple(STOCK_ROPE_TYPES), "per-layer": (None,)}
-
-
-def _check_decision(decision: Any) -> None:
-    """provenance.decision: what lpes-convert ships (`ship`: kind, rope_type, factor) and the line saying why."""
-    where = "provenance.decision"
-    if decision is None:
-        return
-    if not isinstance(decision, dict) or not isinstance(decision.get("ship"), dict):
-        raise LpesError(f"spec: '{where}' must be an object with a 'ship' object, got {show(decision)}")
-    ship = decision["ship"]
-    kind, rope_type, factor = ship.get("kind"), ship.get("rope_type"), ship.get("factor")
-    if kind not in SHIP_KINDS:
-        raise LpesError(f"spec: '{where}.ship.kind' must be one of {', '.join(SHIP_KINDS)}, got {show(kind)}")
-    if rope_type not in SHIP_KINDS[kind]:
-        raise LpesError(f"spec: '{where}.ship.rope_type' must be {' or '.join(map(str, SHIP_KINDS[kind]))} for "
-                        f"a {kind} decision, got {show(rope_type)}")
-    if kind in ("uniform", "stock") and not (is_number(factor) and MIN_SCALE <= factor <= MAX_SCALE
-                                             and (kind == "uniform" or factor >= 1)):
-        raise LpesError(f"spec: '{where}.ship.factor' must be a scale in {SCALE_RANGE} (>= 1 for a stock type), "
-                        f"got {show(factor)}")
-    if not isinstance(decision.get("reason"), str) or not isinstance(ship.get("name"), str):
-        raise LpesError(f"spec: '{where}' needs a 'reason' and a 'ship.name' string")
 
 
 SEARCH_TASK_KEYS = ("data", "chat_template", "answer_tokens", "prompt_tokens")

@@ -158,17 +158,17 @@ def shipped_spec(spec: Spec, ship: str, config, model_name: str) -> tuple[Spec, 
         note = ("the spec records no held-out decision (written before lpes-search made one, or --holdout 0): "
                 "shipping its curve")
         return _marked(spec, ship, "the searched curve (no decision recorded)"), note
-    chosen = decision["ship"]
+    chosen = decision.ship
     if ship == "curve":
         return (_marked(spec, ship, "the searched curve (--ship curve)"),
-                f"--ship curve: shipping the searched curve, not the decision's {chosen['name']}")
+                f"--ship curve: shipping the searched curve, not the decision's {chosen.name}")
     shipped = spec.as_decided()
-    if chosen["kind"] == "stock":
-        if why := stock_rope_unsupported(config, chosen["rope_type"]):
-            raise LpesError(f"the spec's decision ships {chosen['name']}, which {model_name} cannot take ({why}); "
+    if chosen.kind == "stock":
+        if why := stock_rope_unsupported(config, chosen.rope_type):
+            raise LpesError(f"the spec's decision ships {chosen.name}, which {model_name} cannot take ({why}); "
                             "pass --ship curve to ship the searched curve")
         shipped = replace(shipped, rope=shipped.rope.resolved(config))
-    return _marked(shipped, ship, chosen["name"]), f"shipping the decision, {chosen['name']}: {decision['reason']}"
+    return _marked(shipped, ship, chosen.name), f"shipping the decision, {chosen.name}: {decision.reason}"
 
 
 def _marked(spec: Spec, ship: str, what: str) -> Spec:

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from lpes.foundation.decision import Candidate
+from lpes.foundation.decision import Candidate, candidate_name
 from lpes.foundation.errors import LpesError
 from lpes.foundation.files import write_text_atomic
 from lpes.foundation.spec import RopeScheme, SearchTask, Spec, StockRope, dump_spec
@@ -191,7 +191,7 @@ def _provenance(plan: SearchPlan, options: SearchOptions, found: _Found) -> dict
                                       (min(prompts), max(prompts))).to_json()},
         "held_out": {k: v for k, v in found.held_out.items() if k != "decision"},
         # What lpes-convert ships (foundation/decision.py); None without held-out examples (--holdout 0).
-        "decision": found.held_out["decision"],
+        "decision": None if found.held_out["decision"] is None else found.held_out["decision"].to_json(),
         "replicas": found.layout,
     }
 
@@ -204,7 +204,7 @@ def _say_done(out: Path, options: SearchOptions, found: _Found, seconds: float) 
     what = "objective: mean gold log-likelihood" if options.objective in LIKELIHOODS else "fitness"
     print(f"lpes-search: wrote {out} in {seconds:.0f}s ({what} {fitness:.3f}, {held})", file=sys.stderr)
     if held_out.get("decision"):
-        print(f"lpes-search: decision: {held_out['decision']['reason']}; lpes-convert ships it (--ship curve: the "
+        print(f"lpes-search: decision: {held_out['decision'].reason}; lpes-convert ships it (--ship curve: the "
               "per-layer curve instead)", file=sys.stderr)
     better = [b for b in found.baselines if b["fitness"] > fitness]  # scored by the same objective
     if better and not held_out.get("decision"):  # with a decision its table already held them out
@@ -393,27 +393,28 @@ def _warn_stretched_windows(plan: SearchPlan, held_out: dict) -> None:
 
     layers = plan.config.num_hidden_layers
     longest = max(n for _, n in plan.lengths)
-    for row in (held_out.get("decision") or {}).get("rows", []):
-        scales = row.get("scales") or ([row["factor"]] * layers if row["kind"] == "uniform" else None)
-        if scales and (line := window_warning(plan.config, scales, longest, row["name"])):
+    for row in held_out["decision"].rows if held_out.get("decision") else ():
+        scales = row.scales or ([row.factor] * layers if row.kind == "uniform" else None)
+        if scales and (line := window_warning(plan.config, scales, longest, row.name)):
             print(f"lpes-search: {line}", file=sys.stderr)
 
 
 def _candidates(best: Spec, state: SearchState, baselines: list[BaselineResult]) -> list[tuple[Any, dict]]:
     """(what a replica scores, the decision's fields) of every candidate, simplest first."""
     layers = len(best.scales)
-    out: list[tuple[Any, dict]] = [((1.0,) * layers, {"name": "unscaled", "kind": "unscaled"})]
+    out: list[tuple[Any, dict]] = [((1.0,) * layers, {"name": candidate_name("unscaled"), "kind": "unscaled"})]
     uniform = state.uniform["scale"] if best.rope.linear and state.uniform else None
     if uniform is not None and uniform != 1.0:
-        out.append(((float(uniform),) * layers, {"name": f"uniform s={uniform:g}", "kind": "uniform",
-                                                 "rope_type": "linear", "factor": float(uniform)}))
+        out.append(((float(uniform),) * layers, {"name": candidate_name("uniform", "linear", float(uniform)),
+                                                 "kind": "uniform", "rope_type": "linear", "factor": float(uniform)}))
     for b in baselines:
         stock = StockRope(b["rope_type"], float(b["factor"]))
-        out.append((stock, {"name": stock.name, "kind": "stock", "rope_type": stock.rope_type,
-                            "factor": stock.factor}))
+        out.append((stock, {"name": candidate_name("stock", stock.rope_type, stock.factor), "kind": "stock",
+                            "rope_type": stock.rope_type, "factor": stock.factor}))
     if len(set(best.scales)) > 1:  # a curve of one scale is the uniform (or stock) candidate above
-        out.append((_as_candidate(best), {"kind": "per-layer", "name": "per-layer curve" if best.rope.linear
-                                          else f"per-layer {best.rope.name} curve", "scales": tuple(best.scales)}))
+        out.append((_as_candidate(best), {"kind": "per-layer", "name": candidate_name("per-layer",
+                                                                                      scheme=best.rope.rope_type),
+                                          "scales": tuple(best.scales)}))
     return out
 
 

@@ -22,6 +22,7 @@ from lpes.foundation.decision import (
     format_table,
     in_middle,
     mcnemar,
+    parse_decision,
     smallest_detectable,
 )
 from lpes.foundation.errors import LpesError
@@ -69,15 +70,16 @@ def test_per_layer_ships_only_when_it_beats_the_uniform_scale_at_p_below_alpha()
     # 9 more prompts right with the curve and none lost: p = 2 / 2^9 = 0.0039
     curve = uniform | set(range(2, 47, 5))
     decision = decide(_candidates(n, base, uniform, curve), _table(n))
-    assert decision["ship"]["kind"] == "per-layer"
-    assert "+4.5 overall over uniform s=0.75" in decision["reason"]
+    assert decision.ship.kind == "per-layer"
+    assert "+4.5 overall over uniform s=0.75" in decision.reason
     # 5 more and none lost: p = 2 / 32 = 0.0625, not below 0.05: the uniform scale ships, and says why
     curve = uniform | set(range(2, 27, 5))
     decision = decide(_candidates(n, base, uniform, curve), _table(n))
-    assert decision["ship"] == {"name": "uniform s=0.75", "kind": "uniform", "rope_type": "linear", "factor": 0.75}
-    assert "per-layer curve not" in decision["reason"] and "p = 0.062" in decision["reason"]
+    assert decision.ship.to_json() == {"name": "uniform s=0.75", "kind": "uniform", "rope_type": "linear",
+                                       "factor": 0.75}
+    assert "per-layer curve not" in decision.reason and "p = 0.062" in decision.reason
     # the same 5 at alpha 0.1 do win
-    assert decide(_candidates(n, base, uniform, curve), _table(n), alpha=0.1)["ship"]["kind"] == "per-layer"
+    assert decide(_candidates(n, base, uniform, curve), _table(n), alpha=0.1).ship.kind == "per-layer"
 
 
 def test_a_tie_goes_to_the_simpler_candidate():
@@ -85,9 +87,9 @@ def test_a_tie_goes_to_the_simpler_candidate():
     base = set(range(0, 200, 4))
     swapped = (base - {0, 4, 8}) | {1, 5, 9}  # as many right, other prompts: discordant 3 / 3, p = 1
     decision = decide(_candidates(n, base, swapped, swapped), _table(n))
-    assert decision["ship"]["kind"] == "unscaled"
+    assert decision.ship.kind == "unscaled"
     same = decide(_candidates(n, base, base, base), _table(n))
-    assert same["ship"]["kind"] == "unscaled"
+    assert same.ship.kind == "unscaled"
 
 
 def test_a_gain_in_the_middle_alone_counts():
@@ -98,17 +100,17 @@ def test_a_gain_in_the_middle_alone_counts():
     lost = [i for i in sorted(base) if not middle[i]][:10]  # as many lost at the ends: overall 10 / 10, p = 1
     uniform = (base | set(gained)) - set(lost)
     decision = decide(_candidates(n, base, uniform, uniform), middle)
-    assert decision["ship"]["kind"] == "uniform"
-    [versus] = decision["rows"][1]["against"]
-    assert versus["p"] == 1.0 and versus["middle_p"] == pytest.approx(binomtest(10, 10, 0.5).pvalue)
+    assert decision.ship.kind == "uniform"
+    [versus] = decision.rows[1].against
+    assert versus.p == 1.0 and versus.middle_p == pytest.approx(binomtest(10, 10, 0.5).pvalue)
 
 
 def test_too_few_held_out_prompts_decide_for_the_unscaled_model():
     n = smallest_detectable(0.05) - 1
     assert n == 119  # 6 discordant prompts all one way (p = 0.031) are 5 points of 120
     decision = decide(_candidates(n, set(), set(range(n)), set(range(n))), _table(n))
-    assert decision["ship"]["kind"] == "unscaled"
-    assert "cannot show a 5-point gain" in decision["reason"]
+    assert decision.ship.kind == "unscaled"
+    assert "cannot show a 5-point gain" in decision.reason
 
 
 def test_binomial_p_is_symmetric_and_at_most_one():
@@ -123,17 +125,36 @@ def test_the_table_names_every_candidate_and_the_shipped_one():
     text = "\n".join(format_table(decision))
     assert "| uniform s=0.75 **(shipped)** | 40.0 |" in text
     assert text.count("\n| ") == 3  # below the header: unscaled, uniform, curve
-    assert json.loads(json.dumps(decision)) == decision  # it goes into best.json as it is
+    assert parse_decision(json.loads(json.dumps(decision.to_json()))) == decision  # best.json reads back the same
 
 
 # ---- lpes-convert ships the decision ----
 
 
-def _spec_with_decision(tmp_path: Path, ship: dict, reason: str = "constructed") -> Path:
+CURVE = (1.0, 1.5, 2.0, 2.5)  # the per-layer spec the tests below convert
+
+
+def decision_json(ship: str, scales: tuple[float, ...] = CURVE, reason: str | None = None) -> dict:
+    """A decision lpes-search could have made, whose table ships `ship` ("unscaled", "uniform s=1.5", "YaRN f=2"):
+    that candidate right on 40 more of 200 held-out prompts than the unscaled model, the curve no better."""
+    n, base = 200, set(range(0, 200, 5))
+    better = base | set(range(1, 200, 5))
+    candidates = [Candidate("unscaled", "unscaled", _verdicts(n, base))]
+    if ship.startswith("uniform"):
+        candidates.append(Candidate(ship, "uniform", _verdicts(n, better), "linear", float(ship.split("=")[1])))
+    elif ship != "unscaled":
+        candidates.append(Candidate(ship, "stock", _verdicts(n, better), "yarn", float(ship.split("=")[1])))
+    best = better if ship != "unscaled" else base
+    candidates.append(Candidate("per-layer curve", "per-layer", _verdicts(n, best), scales=scales))
+    decision = decide(candidates, _table(n)).to_json()
+    assert decision["ship"]["name"] == ship
+    return decision if reason is None else {**decision, "reason": reason}
+
+
+def _spec_with_decision(tmp_path: Path, ship: str, reason: str | None = None) -> Path:
     """A per-layer spec for the bundled 4-layer model whose decision is `ship`."""
-    spec = {"format": "lpes-spec", "version": 1, "scales": [1.0, 1.5, 2.0, 2.5],
-            "provenance": {"decision": {"alpha": 0.05, "prompts": 200, "middle_prompts": 80, "rows": [],
-                                        "ship": ship, "reason": reason}}}
+    spec = {"format": "lpes-spec", "version": 1, "scales": list(CURVE),
+            "provenance": {"decision": decision_json(ship, reason=reason)}}
     path = tmp_path / "best.json"
     path.write_text(json.dumps(spec))
     return path
@@ -154,8 +175,7 @@ def _convert(argv: list[str]) -> tuple[int, str]:
 def test_a_uniform_decision_converts_to_stock_rope_parameters_and_no_code(tmp_path):
     from transformers import AutoConfig
 
-    spec = _spec_with_decision(tmp_path, {"name": "uniform s=1.5", "kind": "uniform", "rope_type": "linear",
-                                          "factor": 1.5}, "uniform s=1.5 shipped; per-layer curve not: p = 0.5")
+    spec = _spec_with_decision(tmp_path, "uniform s=1.5")
     out = tmp_path / "out"
     code, stderr = _convert([BUNDLED, "--curve", str(spec), "--to", "hf", "--out", str(out), "--no-validate"])
     assert code == 0, stderr
@@ -169,8 +189,7 @@ def test_a_uniform_decision_converts_to_stock_rope_parameters_and_no_code(tmp_pa
 
 
 def test_ship_curve_writes_the_per_layer_files_and_says_so(tmp_path):
-    spec = _spec_with_decision(tmp_path, {"name": "unscaled", "kind": "unscaled", "rope_type": None,
-                                          "factor": None})
+    spec = _spec_with_decision(tmp_path, "unscaled")
     out = tmp_path / "out"
     code, stderr = _convert([BUNDLED, "--curve", str(spec), "--to", "hf", "--out", str(out), "--no-validate",
                              "--ship", "curve"])
@@ -195,8 +214,7 @@ def test_a_spec_without_a_decision_converts_its_curve_with_one_note(tmp_path):
     (["--ship", "decisoin"], "argument --ship: invalid choice: 'decisoin'"),
 ])
 def test_bad_ship_is_one_line(tmp_path, argv_tail, message):
-    spec = _spec_with_decision(tmp_path, {"name": "unscaled", "kind": "unscaled", "rope_type": None,
-                                          "factor": None})
+    spec = _spec_with_decision(tmp_path, "unscaled")
     out = tmp_path / "out"
     code, stderr = _convert([BUNDLED, "--curve", str(spec), "--to", "hf", "--out", str(out), *argv_tail])
     assert code == 2 and len(stderr.strip().splitlines()) == 1 and message in stderr, stderr
@@ -210,8 +228,7 @@ def test_a_stock_decision_the_model_cannot_take_is_refused_in_one_line(tmp_path)
     model = tiny_model_dir("gemma3_text", tmp_path, head_dim=8, sliding_window=16, layer_types=layer_types)
     spec = tmp_path / "best.json"
     spec.write_text(json.dumps({"format": "lpes-spec", "version": 1, "scales": [1.0, 1.5, 2.0], "provenance": {
-        "decision": {"ship": {"name": "YaRN f=2", "kind": "stock", "rope_type": "yarn", "factor": 2.0},
-                     "reason": "constructed", "rows": [], "alpha": 0.05, "prompts": 200, "middle_prompts": 80}}}))
+        "decision": decision_json("YaRN f=2", scales=(1.0, 1.5, 2.0))}}))
     out = tmp_path / "out"
     code, stderr = _convert([str(model), "--curve", str(spec), "--to", "hf", "--out", str(out), "--no-validate"])
     assert code == 2 and len(stderr.strip().splitlines()) == 1, stderr
@@ -222,7 +239,10 @@ def test_a_stock_decision_the_model_cannot_take_is_refused_in_one_line(tmp_path)
 def test_a_decision_of_unknown_kind_is_refused_when_the_spec_is_read(tmp_path):
     from lpes.foundation.spec import load_spec
 
-    spec = _spec_with_decision(tmp_path, {"name": "x", "kind": "per-head", "rope_type": None, "factor": None})
+    spec = _spec_with_decision(tmp_path, "unscaled")
+    data = json.loads(spec.read_text())
+    data["provenance"]["decision"]["ship"]["kind"] = "per-head"
+    spec.write_text(json.dumps(data))
     with pytest.raises(LpesError, match="provenance.decision.ship.kind' must be one of"):
         load_spec(spec)
 
@@ -243,16 +263,15 @@ def test_sliding_window_stretch_is_named_by_layer():
 
 
 def test_validation_repeats_the_decisions_test_and_names_the_searchs(tmp_path):
-    spec = _spec_with_decision(tmp_path, {"name": "uniform s=1.5", "kind": "uniform", "rope_type": "linear",
-                                          "factor": 1.5}, "uniform s=1.5 shipped: +9.0 overall over unscaled")
+    spec = _spec_with_decision(tmp_path, "uniform s=1.5")
     out = tmp_path / "out"
     code, stderr = _convert([BUNDLED, "--curve", str(spec), "--to", "hf", "--out", str(out),
                              "--data", "tiny-kv:examples=2"])
     assert code in (0, 1), stderr  # 1: a validation check failed, which this test does not judge
     report = (out / "validation.md").read_text()
     assert "The decision's test on these prompts" in report
-    assert "| unscaled **(shipped)** | " in report and "On these prompts (McNemar's exact test, alpha 0.05):" in report
+    assert "| unscaled **(decided)** | " in report and "On these prompts (McNemar's exact test, alpha 0.05):" in report
     # 10 prompts cannot show a 5-point gain: this run's own test says so rather than pick a winner
     assert "10 held-out prompts cannot show a 5-point gain" in report
-    assert "lpes-search's decision on its 200 held-out prompts: uniform s=1.5 shipped: +9.0 overall" in report
+    assert "lpes-search's decision on its 200 held-out prompts: uniform s=1.5 shipped; per-layer curve not" in report
     assert "## What ships and why" in (out / "README.md").read_text()

@@ -11,6 +11,7 @@ from lpes.validation.examples import Example
 
 if TYPE_CHECKING:  # types only: lpes-validate's checks of its folder read the file names below without torch
     from lpes.converter.model_card import Measured
+    from lpes.foundation.decision import Decision
     from lpes.validation import checks, scoring
 
 FORMAT = "lpes-validation"
@@ -71,7 +72,7 @@ class ValidationReport:
     # Published text -> what the console shows instead (a path as the user typed it, absolute ones included).
     console_paths: dict[str, str] = field(default_factory=dict)
     searched_on: str | None = None  # the model and/or task the curve was searched on, when not the ones measured
-    decision: dict | None = None  # lpes-search's held-out decision (the spec's), shown beside this run's test
+    decision: Decision | None = None  # lpes-search's held-out decision (the spec's), shown beside this run's test
 
     @property
     def verdict(self) -> str:
@@ -215,7 +216,7 @@ class ValidationReport:
     def _decision_lines(self) -> list[str]:
         """The decision's test (foundation/decision.py) on these prompts, beside lpes-search's own on its held-out
         ones: the PyTorch variants, each held against the simpler ones, all and middle."""
-        from lpes.foundation.decision import DEFAULT_ALPHA, Candidate, decide, format_table, in_middle
+        from lpes.foundation.decision import DEFAULT_ALPHA, Candidate, decide, format_table, in_middle, markdown_text
 
         scored = [v for v in self.variants if v.scores is not None and v.allowed is None and not v.same_as]
         if not scored or scored[0].name != UNSCALED or self.setup_problem:
@@ -230,12 +231,14 @@ class ValidationReport:
         candidates = [Candidate(names.get(v.name, v.name), kind(v), tuple(r.correct for r in v.scores.results))
                       for v in scored]
         middle = [in_middle(e.gold_index, e.num_pairs) for e in self.examples]
-        alpha = self.decision["alpha"] if self.decision else DEFAULT_ALPHA
+        alpha = self.decision.alpha if self.decision else DEFAULT_ALPHA
+        # Marked "decided here", not "shipped": what this folder ships is the spec's, whatever these prompts say.
+        here = decide(candidates, middle, alpha)
         lines = ["The decision's test on these prompts (the PyTorch variants; exports answer as the reference):",
-                 ""] + format_table(decide(candidates, middle, alpha), "On these prompts") + [""]
+                 ""] + format_table(here, "On these prompts", shipped="") + [""]
         if self.decision:
-            lines += [f"lpes-search's decision on its {self.decision['prompts']} held-out prompts: "
-                      f"{self.decision['reason']}.", ""]
+            lines += [f"lpes-search's decision on its {self.decision.prompts} held-out prompts: "
+                      f"{markdown_text(self.decision.reason)}.", ""]
         return lines
 
     def measured(self) -> Measured | None:
