@@ -30,6 +30,7 @@ from lpes.foundation.spec_fields import (
     check_keys,
     is_int,
     is_number,
+    one_line_text,
     show,
 )
 
@@ -340,7 +341,6 @@ ROW_KEYS = ("name", "kind", "rope_type", "factor", "scales", "verdicts", "all", 
 AGAINST_KEYS = ("simpler", "only_this", "only_simpler", "p", "middle_only_this", "middle_only_simpler", "middle_p")
 MAX_ROWS = 64
 MAX_PROMPTS = 1_000_000
-MAX_TEXT = 400  # characters of a reason: one line of a terminal or a card
 
 
 def parse_decision(data: Any) -> Decision | None:
@@ -368,16 +368,6 @@ def parse_decision(data: Any) -> Decision | None:
     if chosen.name != ship.name:
         _refuse("ship", f"names {show(ship.name)}, but its own table decides {show(chosen.name)}")
     return Decision(float(alpha), prompts, middle_prompts, tuple(rows), ship, reason)
-
-
-def one_line_text(value: Any, where: str) -> str:
-    """A text field read from a file: one line of printable characters, at most MAX_TEXT of them."""
-    if not isinstance(value, str) or not value.strip():
-        raise LpesError(f"spec: '{where}' must be a non-empty string, got {show(value)}")
-    if not value.isprintable() or len(value) > MAX_TEXT:
-        raise LpesError(f"spec: '{where}' must be one line of at most {MAX_TEXT} printable characters, "
-                        f"got {show(value)}")
-    return value
 
 
 def _parse_row(entry: Any, where: str, earlier: list[Row], prompts: int, middle_prompts: int) -> Row:

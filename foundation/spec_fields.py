@@ -27,6 +27,7 @@ STOCK_ROPE_TYPES = {"yarn": "YaRN", "dynamic": "dynamic NTK"}
 ROPE_SCHEMES = {"linear": (), "yarn": ("beta_fast", "beta_slow", "original_max_position_embeddings"), "dynamic": ()}
 YARN_DEFAULT_BETAS = (32.0, 1.0)  # transformers' beta_fast, beta_slow when a config leaves them out
 MAX_POSITIONS = 2**31 - 1
+MAX_TEXT = 400  # characters of a text field: one line of a terminal or a card
 
 
 def check_keys(data: dict, known: tuple[str, ...], where: str) -> None:
@@ -123,13 +124,14 @@ def check_provenance(provenance: Any) -> dict[str, Any]:
     for key in ("search", "model", "held_out"):
         if key in provenance and not isinstance(provenance[key], dict):
             raise LpesError(f"spec: 'provenance.{key}' must be an object, got {type_name(provenance[key])}")
+    # Text that terminals and model cards show: one printable line, so a file cannot forge a line or colour one.
     for key in ("base_model", "lpes_version"):
-        if provenance.get(key) is not None and not isinstance(provenance[key], str):
-            raise LpesError(f"spec: 'provenance.{key}' must be a string, got {show(provenance[key])}")
+        if provenance.get(key) is not None:
+            one_line_text(provenance[key], f"provenance.{key}")
     for key in ("name", "config_sha256", "weights_sha256"):  # read to tell another model (Spec.searched_model)
         value = provenance.get("model", {}).get(key)
-        if value is not None and not isinstance(value, str):
-            raise LpesError(f"spec: 'provenance.model.{key}' must be a string, got {show(value)}")
+        if value is not None:
+            one_line_text(value, f"provenance.model.{key}")
     uniform = provenance.get("search", {}).get("best_uniform_scale")
     if uniform is not None:
         if not is_number(uniform):
@@ -152,7 +154,8 @@ def _check_search_task(task: Any) -> None:
     if not isinstance(task, dict):
         raise LpesError(f"spec: '{where}' must be an object, got {type_name(task)}")
     check_keys(task, SEARCH_TASK_KEYS, where)
-    if task.get("data") is not None and not (isinstance(task["data"], str) and task["data"].strip()):
+    if task.get("data") is not None and not (isinstance(task["data"], str) and task["data"].strip()
+                                             and task["data"].isprintable()):
         raise LpesError(f"spec: '{where}.data' must be a --data description or null, got {show(task['data'])}")
     if "chat_template" in task and not isinstance(task["chat_template"], bool):
         raise LpesError(f"spec: '{where}.chat_template' must be true or false, got {show(task['chat_template'])}")
@@ -185,6 +188,16 @@ def _check_stock_baselines(entries: Any) -> None:
         seen.add(rope_type)
         if not is_number(factor) or not 1 <= factor <= MAX_SCALE:
             raise LpesError(f"spec: '{where}[{i}].factor' must be a number in [1, {MAX_SCALE:g}], got {show(factor)}")
+
+
+def one_line_text(value: Any, where: str) -> str:
+    """A text field read from a file: one line of printable characters, at most MAX_TEXT of them."""
+    if not isinstance(value, str) or not value.strip():
+        raise LpesError(f"spec: '{where}' must be a non-empty string, got {show(value)}")
+    if not value.isprintable() or len(value) > MAX_TEXT:
+        raise LpesError(f"spec: '{where}' must be one line of at most {MAX_TEXT} printable characters, "
+                        f"got {show(value)}")
+    return value
 
 
 def is_number(value: Any) -> bool:

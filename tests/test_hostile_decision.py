@@ -150,3 +150,12 @@ def test_a_forged_decision_is_one_line_before_torch_loads(tmp_path, command):
     assert "'provenance.decision.reason' must be one line" in lines[0]
     assert done.stdout.split()[0] == "2", done.stdout + done.stderr
     assert not out.exists()
+
+
+@pytest.mark.parametrize("field, value", [("base_model", "me\n\x1b[2Klpes: passed"), ("lpes_version", "0.1\r"),
+                                          ("model", {"name": "x\x1b]8;;http://evil\x07y"}),
+                                          ("search", {"task": {"data": "kv\npairs=20"}})])
+def test_provenance_text_that_cards_and_terminals_show_is_one_printable_line(field, value):
+    spec = {"format": "lpes-spec", "version": 1, "scales": [1.0], "provenance": {field: value}}
+    with pytest.raises(LpesError, match=f"'provenance.{field}"):
+        parse_spec(spec)
