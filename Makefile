@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 TORCH  := torch==2.13.0
 DEMO   := demo-out
 
-.PHONY: install test lint demo demo-check real-demo bench compat lm-eval lm-eval-install clean
+.PHONY: install test lint demo demo-check real-demo bench compat lm-eval lm-eval-install clean gpu-wheels
 
 install: $(VENV)/.installed
 
@@ -121,6 +121,11 @@ $(LMEVAL)/.installed: pyproject.toml
 
 lm-eval: install lm-eval-install
 	$(BIN)/python compat/lm_eval_check.py --lm-eval $(LMEVAL)/bin/lm_eval --out $(LMEVAL_OUT)
+
+# make gpu-wheels: what bench/gpu/check.sh installs on a GPU machine that has no network (cmaes; setuptools for a
+# Python without it), into the ignored bench/gpu/wheels/ that travels with the working tree (bench/RESULTS.md).
+gpu-wheels: install
+	$(BIN)/pip download --quiet --no-deps --only-binary :all: --dest bench/gpu/wheels "cmaes>=0.10" "setuptools>=68"
 
 bench: install
 	$(BIN)/python bench/bench_onnx_latency.py
