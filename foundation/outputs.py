@@ -222,12 +222,31 @@ def staged_output(out: Path, force: bool) -> Iterator[Path]:
 @contextmanager
 def locked_output(out: Path) -> Iterator[None]:
     """The lock of `out` (a file output: lpes-search's spec), held while the body runs; a second run on
-    `out` is turned away at once (LpesError)."""
+    `out` is turned away at once (LpesError). The folders it makes for `out` are removed again where the body
+    raises and leaves them empty (a run refused at plan time leaves nothing behind)."""
     out = Path(out)
+    made = _missing_folders(out.parent)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(out):
-        check_siblings(out)
-        yield
+    try:
+        with _locked(out):
+            check_siblings(out)
+            yield
+    except BaseException:
+        for folder in made:  # deepest first; one that holds anything (a checkpoint to resume) stays
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        raise
+
+
+def _missing_folders(folder: Path) -> list[Path]:
+    """`folder` and the folders above it that do not exist yet, deepest first."""
+    missing, here = [], Path(os.path.abspath(folder))
+    while not here.exists() and here != here.parent:
+        missing.append(here)
+        here = here.parent
+    return missing
 
 
 def _sibling(out: Path, suffix: str) -> Path:

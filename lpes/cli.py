@@ -87,7 +87,9 @@ def _convert_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", required=True, help="output folder (written atomically)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
                         help="precision of the ONNX/TensorRT export (default: float32)")
-    parser.add_argument("--force", action="store_true", help="replace an existing output folder")
+    parser.add_argument("--force", action="store_true",
+                        help="replace an existing output folder lpes wrote (a file in it lpes did not write is "
+                        "refused, never deleted)")
     parser.add_argument("--ship", default="decision", choices=("decision", "curve"),
                         help="decision: what lpes-search's held-out decision names (a stock RoPE config, no custom "
                         "code, unless the per-layer curve beat every simpler option); curve: the searched curve "

@@ -94,7 +94,8 @@ def plan(options: ConvertOptions) -> ConvertPlan:
     # The spec file and --out first where that needs no model: their typos cost a second, not the model's checks.
     spec = load_spec(options.spec) if not isinstance(options.spec, Spec) else options.spec
     where = model_location(options.model)
-    out = check_output_folder(options.out, where, options.force) if where is not None else None
+    inputs = _inputs(options, spec)  # --force replaces --out whole: none of them may be in it
+    out = check_output_folder(options.out, where, options.force, inputs) if where is not None else None
     model_path = resolve_model(options.model)
     from lpes.converter.reference import check_layout, check_rope_scheme  # torch: 3 s, after the cheap refusals
 
@@ -110,7 +111,7 @@ def plan(options: ConvertOptions) -> ConvertPlan:
             _progress(line)
     check_rope_scheme(config, spec.rope)  # per-layer yarn/dynamic need a model whose own RoPE is plain
     if out is None:  # a hub model's folder is known once downloaded
-        out = check_output_folder(options.out, model_path, options.force)
+        out = check_output_folder(options.out, model_path, options.force, inputs)
     task, longest = None, 0
     if options.validate:  # a typo in --data, or the search's data file missing, fails now, not after the export
         from lpes.search.options import check_answer_tokens
@@ -141,6 +142,16 @@ def plan(options: ConvertOptions) -> ConvertPlan:
                        max_validation_seconds=options.max_validation_seconds, notes=notes,
                        chat_template=options.chat_template, answer_tokens=options.answer_tokens,
                        shown_model=str(options.model), task=task)
+
+
+def _inputs(options: ConvertOptions, spec: Spec) -> list[tuple[str, str]]:
+    """(flag, path) of the files the run reads: the spec and the validation data file(s)."""
+    from lpes.validation.tasks import data_files
+
+    inputs = [] if isinstance(options.spec, Spec) else [("--curve", options.spec)]
+    searched = spec.search_task.data if spec.search_task else None
+    flag = "--data" if options.data is not None else "the search's --data"
+    return inputs + [(flag, path) for path in data_files(options.data if options.data is not None else searched)]
 
 
 SHIP_CHOICES = ("decision", "curve")

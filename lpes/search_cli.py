@@ -14,6 +14,7 @@ from lpes.search.options import (
     LINEAR_SCALE_GRID,
     MAX_BATCH_SIZE,
     MAX_GENERATIONS,
+    MAX_HOLDOUT,
     MAX_POPULATION,
     OBJECTIVES,
     OPTIMIZERS,
@@ -102,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--holdout", type=int, default=DEFAULTS.holdout,
                         help="held-out examples behind the decision, taken in turn from each gold index: the "
                         "--data description with seed 2*S+1, or a file's held-out half (capped, with a note); "
-                        "0: no decision (default %(default)s)")
+                        f"0..{MAX_HOLDOUT}, 0: no decision (default %(default)s)")
     parser.add_argument("--exact-scan", action="store_true",
                         help="scan the uniform scales and the stock factors by the exact race alone (default: "
                         "successive halving first, which keeps the best third on twice the examples each round)")

@@ -25,6 +25,9 @@ DTYPE_CHOICES = ("auto", "float32", "float16", "bfloat16")
 MAX_POPULATION = 10_000
 MAX_GENERATIONS = 10_000
 MAX_BATCH_SIZE = 4096
+# Held-out examples: as many as a data description may ask for per gold index (validation/tasks.py); the
+# prompts they make are then held against the memory they take (search/plan.py).
+MAX_HOLDOUT = 100_000
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,8 @@ def check_options(options: SearchOptions) -> tuple[ScaleGrid, GASettings]:
         raise LpesError(f"--ties must be one of {', '.join(TIES)}")
     if options.holdout < 0:
         raise LpesError(f"--holdout must be >= 0, got {options.holdout}")
+    if options.holdout > MAX_HOLDOUT:
+        raise LpesError(f"--holdout must be at most {MAX_HOLDOUT}, got {options.holdout}")
     check_alpha(options.alpha)
     _check_range("--batch-size", options.batch_size, 1, MAX_BATCH_SIZE)
     if options.dtype not in DTYPE_CHOICES:

@@ -65,13 +65,16 @@ def plan_search(model: str, out: Path, options: SearchOptions, force: bool) -> S
     task = task_config(model_path, options.data)
     if options.answer_tokens is not None:
         task = replace(task, answer_tokens=options.answer_tokens)
+    held_out_task = _held_out_task(task, options.holdout)
+    _check_sizes(config, task, held_out_task, options.holdout, model_label(str(model)))  # before any is built
     examples = examples_for(task, model_path, use_chat_template=options.chat_template, split="search")
     if not examples:
         raise LpesError("the calibration data has no examples")
-    held_out_data = examples_for(_held_out_task(task, options.holdout), model_path,
-                                 use_chat_template=options.chat_template, split="validation")
-    space = SearchSpace(grid, config.num_hidden_layers, options.degree)
     tokenizer = _tokenizer(model_path)
+    _check_longest(config, tokenizer, examples, model_label(str(model)))  # before the held-out prompts are built
+    held_out_data = examples_for(held_out_task, model_path, use_chat_template=options.chat_template,
+                                 split="validation")
+    space = SearchSpace(grid, config.num_hidden_layers, options.degree)
     every = examples + held_out_data  # prompts and answers apart: an answer that encodes to nothing is named
     check_vocabulary(tokenizer, [e.prompt for e in every] + [e.answer for e in every], "--data",
                      model_label(str(model)))
@@ -84,6 +87,7 @@ def plan_search(model: str, out: Path, options: SearchOptions, force: bool) -> S
 
         check_gradient_search(space, rope, options.objective)
         _check_backward_memory(config, [budget for _, budget in lengths], options)
+    _check_forward_memory(config, max(n for _, n in lengths), options, greedy=task.answer_tokens is not None)
     if note := dtype_note(model_path, resolve_dtype(options)):  # weights stored unlike config.json says
         print(f"lpes-search: {note}", file=sys.stderr)
     return SearchPlan(model, out, model_path, config, rope, task, examples, holdout, lengths,
@@ -103,24 +107,69 @@ def _check_scheme_reaches(config, rope: RopeScheme, grid: ScaleGrid, longest: in
                     "unscaled model; calibrate on longer --data, or use --rope-type linear or yarn")
 
 
-def _check_backward_memory(config, lengths: list[int], options: SearchOptions) -> None:
-    """A gradient search's backward must fit on its device (plan time, before a model is loaded)."""
+def _check_sizes(config, task, held_out_task, holdout: int, model: str) -> None:
+    """What the config and the description decide before a prompt is built: a bundled task's length against
+    the model's trained positions, and every prompt of the run (calibration and held out) against memory."""
+    from lpes.validation.sizes import check_positions, check_prompt_memory
+
+    if task.length is not None:  # a bundled model's task: `length` is the positions a prompt takes
+        check_positions(config, task.length + (task.answer_tokens or 1), "--data", model,
+                        "ask for a shorter length")
+    check_prompt_memory([("--data", task), (f"--holdout {holdout}", held_out_task)])
+
+
+def _check_longest(config, tokenizer, examples: list, model: str) -> None:
+    """The longest calibration prompt, encoded, and its answer's budget within the positions lpes goes to."""
+    from lpes.validation.sizes import check_positions
+
+    longest = max(examples, key=lambda e: len(e.prompt))
+    try:
+        positions = _lengths(tokenizer, [longest])[0][1]
+    except Exception:  # words the tokenizer lacks: check_vocabulary below says which, in its own words
+        return
+    check_positions(config, positions, "--data", model, "ask for fewer pairs or a shorter length")
+
+
+def _device_memory(options: SearchOptions) -> int | None:
+    """Bytes available on the devices the replicas run on (the least of them); None where unknown (Ray)."""
     import torch
 
-    from lpes.converter.loading import available_memory, dtype_bytes
+    from lpes.converter.loading import available_memory
     from lpes.foundation.devices import requested_devices
+
+    if options.ray is not None:  # the actors' machines are not this one
+        return None
+    devices = requested_devices(options.device)
+    if devices[0].startswith("cuda"):
+        return min(torch.cuda.mem_get_info(torch.device(d))[0] for d in devices)
+    return available_memory()
+
+
+def _check_forward_memory(config, longest: int, options: SearchOptions, greedy: bool) -> None:
+    """The widest batch a replica scores must fit on its device with its KV cache (plan time, before a model
+    is loaded): --batch-size rows, or where verdicts decode (an answer budget, --method greedy) the wide
+    batches of WIDE_BATCHES x --batch-size rows (search/replica.py)."""
+    from lpes.converter.loading import dtype_bytes
+    from lpes.search.replica import WIDE_BATCHES
+    from lpes.validation.scoring import MAX_BATCH_TOKENS
+    from lpes.validation.sizes import batch_tokens, check_forward_memory
+
+    wide = WIDE_BATCHES if greedy or options.method == "greedy" else 1
+    tokens = batch_tokens(longest, wide * options.batch_size, wide * MAX_BATCH_TOKENS)
+    check_forward_memory(config, longest, tokens, dtype_bytes(resolve_dtype(options)), _device_memory(options),
+                         "--data")
+
+
+def _check_backward_memory(config, lengths: list[int], options: SearchOptions) -> None:
+    """A gradient search's backward must fit on its device (plan time, before a model is loaded)."""
+    from lpes.converter.loading import dtype_bytes
     from lpes.search.gradient import check_backward_fits
 
     if options.ray is not None:  # the actors' machines are not this one
         return
-    devices = requested_devices(options.device)
     weight_bytes = dtype_bytes(resolve_dtype(options))
-    if devices[0].startswith("cuda"):
-        available = min(torch.cuda.mem_get_info(torch.device(d))[0] for d in devices)
-    else:
-        available = available_memory()
     # `lengths`: prompt + the answer's budget, at least the rows the objective runs (prompt + answer - 1).
-    check_backward_fits(config, lengths, options.batch_size, weight_bytes, available)
+    check_backward_fits(config, lengths, options.batch_size, weight_bytes, _device_memory(options))
 
 
 def _lengths(tokenizer, examples: list) -> list[tuple[int, int]]:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_hostile_cli import evil_code, tree_digest
+from test_hostile_cli import RECORDS, evil_code, tree_digest
 
 from lpes.cli import convert_main
 from lpes.converter.loading import bundled_models, check_weights, load_model
@@ -283,6 +283,123 @@ def test_an_empty_folder_may_be_replaced_with_force(made, tmp_path):
     (tmp_path / "out").mkdir()
     assert convert_main(convert_args("lpes-tiny-kv", made["a"][0], tmp_path / "out", "--force")) == 0
     assert (tmp_path / "out" / MARKER).is_file()
+
+
+# ---- --force replaces what lpes wrote, never what it did not (issue 51) ----
+
+
+def _quick_cli(main: str, argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """`main(argv)` in a child that prints its exit code and whether torch or transformers loaded."""
+    code = (f"import sys\nfrom lpes.cli import {main}\ncode = {main}({argv!r})\n"
+            "print(code, sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=120,
+                          env=CHILD_ENV)
+
+
+@pytest.mark.parametrize("flag", ["--curve", "--data", "--data kv:file="])
+def test_an_input_inside_the_out_force_would_replace_is_refused_before_torch_loads(made, tmp_path, flag):
+    """The report: `--curve OUT/best.json --out OUT --force` deleted the spec and the user's notes, exit 0."""
+    out = tmp_path / "out"
+    shutil.copytree(made["a"][1], out)
+    shutil.copy(made["a"][0], out / "best.json")
+    shutil.copy(RECORDS, out / "records.jsonl.gz")
+    (out / "notes.txt").write_text("the user's\n")
+    before = tree_digest(out)
+    spec, data = (out / "best.json", None) if flag == "--curve" else (made["a"][0], out / "records.jsonl.gz")
+    argv = ["lpes-tiny-kv", "--curve", str(spec), "--to", "hf", "--out", str(out), "--force"]
+    if data is not None:
+        argv += ["--data", f"kv:file={data}" if flag.endswith("=") else str(data)]
+    done = _quick_cli("convert_main", argv, tmp_path)
+    assert done.stdout.split() == ["2", "[]"], done.stdout + done.stderr
+    errors = done.stderr.strip().splitlines()
+    assert len(errors) == 1 and f"is inside --out {out}, which --force would replace" in errors[0], done.stderr
+    assert errors[0].startswith(f"lpes-convert: error: {flag.split()[0]} ")
+    assert tree_digest(out) == before and siblings(out) == []
+
+
+def test_a_search_data_file_that_is_its_out_is_refused(tmp_path):
+    data = tmp_path / "records.jsonl.gz"
+    shutil.copy(RECORDS, data)
+    done = _quick_cli("search_main", ["lpes-tiny-kv", "--data", str(data), "--out", str(data), "--force"], tmp_path)
+    assert done.stdout.split() == ["2", "[]"], done.stdout + done.stderr
+    assert done.stderr.count("\n") == 1 and f"--data {data} is --out {data}, which --force" in done.stderr
+    assert data.read_bytes() == RECORDS.read_bytes()
+
+
+def _plant(name: str, text: str = "the user's\n"):
+    def plant(out: Path) -> None:
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(text)
+    return plant
+
+
+def _edit(name: str):
+    def edit(out: Path) -> None:
+        (out / name).write_text((out / name).read_text() + "\nMy own note.\n")
+    return edit
+
+
+def _old_marker(out: Path) -> None:  # what lpes wrote before its marker listed the files
+    (out / MARKER).write_text(json.dumps({"format": "lpes-output", "written_by": "lpes 0.0.9"}) + "\n")
+
+
+FOREIGN = {
+    "a notes file": (_plant("notes.txt"), "holds notes.txt, which lpes did not write"),
+    "a spec kept there": (_plant("best.json", json.dumps({"version": 1, "scales": SPEC_B})),
+                          "holds best.json, which lpes did not write"),
+    "a file in a folder of the user's": (_plant("mine/thesis.tex"), "holds mine/, which lpes did not write"),
+    "an empty folder": (lambda out: (out / "empty").mkdir(), "holds empty/, which lpes did not write"),
+    "a link": (lambda out: (out / "link").symlink_to("/etc"), "holds link, which lpes did not write"),
+    "an edited model card": (_edit("README.md"), "holds README.md, which was changed since lpes wrote it"),
+    "an edited config of the same size": (
+        lambda out: (out / "config.json").write_text((out / "config.json").read_text().replace('"', "'", 1)),
+        "holds config.json, which was changed since lpes wrote it"),
+    "a marker that lists no files": (_old_marker, "was written by an older lpes (its .lpes-output lists no files)"),
+}
+
+
+@pytest.mark.parametrize("plant", FOREIGN, ids=list(FOREIGN))
+def test_force_refuses_to_replace_what_lpes_did_not_write(made, tmp_path, capsys, plant):
+    change, message = FOREIGN[plant]
+    out = tmp_path / "out"
+    shutil.copytree(made["a"][1], out, symlinks=True)
+    change(out)
+    before = tree_digest(out)
+    capsys.readouterr()
+    assert convert_main(convert_args("lpes-tiny-kv", made["b"][0], out, "--force")) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 1 and message in errors[0], errors
+    assert tree_digest(out) == before and siblings(out) == []
+
+
+def test_a_file_planted_after_the_plan_is_refused_under_the_lock(made, tmp_path):
+    from lpes.convert_pipeline import ConvertOptions, execute, plan
+
+    out = tmp_path / "out"
+    shutil.copytree(made["a"][1], out)
+    planned = plan(ConvertOptions("lpes-tiny-kv", made["b"][0], out, "hf", force=True, validate=False))
+    (out / "notes.txt").write_text("the user's\n")
+    with pytest.raises(LpesError, match="holds notes.txt, which lpes did not write"):
+        execute(planned)
+    assert (out / "notes.txt").read_text() == "the user's\n" and siblings(out) == []
+
+
+def test_force_replaces_what_lpes_validate_and_an_interrupted_write_left(made, tmp_path):
+    """lpes-validate's reports (recorded in the marker as it writes them) and a killed atomic write's temporary
+    file are lpes's: --force replaces the folder with them, and the new marker lists every file it holds."""
+    from lpes.foundation.outputs import record_written
+
+    out = tmp_path / "out"
+    shutil.copytree(made["a"][1], out)
+    (out / "validation.skipped.json").write_text("{}\n")  # what lpes-validate writes, then records
+    (out / "README.md").write_text((out / "README.md").read_text() + "\nvalidated again\n")
+    record_written(out, [out / "validation.skipped.json", out / "README.md"])
+    (out / ".config.json.k2x9_q0a.tmp.json").write_text("{")  # save_atomic killed before its rename
+    assert convert_main(convert_args("lpes-tiny-kv", made["b"][0], out, "--force")) == 0
+    assert tree_digest(out) == made["b"][2] and siblings(out) == []
+    listed = json.loads((out / MARKER).read_text())["files"]
+    assert sorted(listed) == sorted(p.name for p in out.iterdir() if p.name != MARKER)
+    assert convert_main(convert_args("lpes-tiny-kv", made["a"][0], out, "--force")) == 0  # and again
 
 
 def test_a_held_lock_turns_the_run_away(made, tmp_path, capsys):

@@ -13,13 +13,20 @@ Validation runs, by default, what the model, the machine and the inputs allow:
   The estimate times a probe, the first real batch of the examples decoded by the
   unscaled model (its answers are kept), prefill and decode steps apart, and
   extrapolates to every batch of every variant that is scored (`estimate_seconds`).
+  Under a budget the probe is bounded too: one prompt's prefill is timed first on
+  prefixes of it, each twice the last, within PREFIX_SHARE of the budget
+  (`time_prefixes`); where the prefills extrapolated from them (`prefill_at`) already
+  exceed the budget, or the probe's own could, the scoring is skipped without a probe,
+  and a probe that runs past the budget all the same is stopped after its forward.
 
 A skipped check says why and which command runs it elsewhere.
 """
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -38,6 +45,10 @@ STOCK_ROPE_TOLERANCE = 1e-6
 # How far the time estimate may be off either way, as the reports state it (it extrapolates one
 # timed batch; the others differ in rows, lengths and where generation stops).
 ESTIMATE_MARGIN = 2.0
+# Under a budget, the prefix timings before the probe take at most this share of it (`time_prefixes`), from a
+# first prefix of FIRST_PREFIX tokens up.
+PREFIX_SHARE = 0.1
+FIRST_PREFIX = 64
 
 
 @dataclass(frozen=True)
@@ -158,11 +169,109 @@ class Probe:
     seconds: float  # the probe's wall time
 
 
+class ProbeOverBudget(Exception):
+    """The probe ran past its deadline (raised after the forward that crossed it)."""
+
+
+@dataclass(frozen=True)
+class PrefixTiming:
+    """One prompt's prefill timed on prefixes of it (`time_prefixes`), before the probe."""
+
+    timings: tuple[tuple[int, float], ...]  # (tokens, seconds) of each prefix, each twice the last
+    width: int  # the prompt's tokens: the probe batch's first (longest) example
+    rows: int  # the probe batch's examples
+    seconds: float  # what timing them took
+
+    def row_prefill(self, worst: bool = False) -> float:
+        """Seconds of one row's prefill at `width` (`prefill_at`)."""
+        return prefill_at(self.timings, self.width, worst)
+
+
+def time_prefixes(timer: Callable[[int], float], width: int, allowance: float) -> list[tuple[int, float]]:
+    """(tokens, seconds) of `timer(n)`, one row's prefill of a prompt's first n tokens, at FIRST_PREFIX tokens
+    and then twice as many each time up to `width`, while the next, at worst (attention's share grows as the
+    square of the tokens, the rest linearly: 4x the last), fits in `allowance` seconds with what was spent.
+    The first is always timed: FIRST_PREFIX tokens, whatever the prompt's length."""
+    timings: list[tuple[int, float]] = []
+    spent, tokens = 0.0, max(1, min(width, FIRST_PREFIX))
+    while True:
+        seconds = timer(tokens)
+        timings.append((tokens, seconds))
+        spent += seconds
+        following = min(width, 2 * tokens)
+        if tokens >= width or spent + seconds * (following / tokens) ** 2 > allowance:
+            return timings
+        tokens = following
+
+
+def prefill_at(timings: list[tuple[int, float]] | tuple, width: int, worst: bool = False) -> float:
+    """One row's prefill seconds at `width` tokens from prefix `timings`: the last one where it reached
+    `width`, else the last grown to `width` as the last two grew (an exponent between 1, linear, and 2,
+    quadratic), or at `worst` quadratically."""
+    tokens, seconds = timings[-1]
+    if tokens >= width:
+        return seconds
+    exponent = 1.0
+    if worst:
+        exponent = 2.0
+    elif len(timings) > 1 and timings[-2][1] > 0 and seconds > 0:
+        before, earlier = timings[-2]
+        exponent = min(2.0, max(1.0, math.log(seconds / earlier) / math.log(tokens / before)))
+    return seconds * (width / tokens) ** exponent
+
+
+def time_prefix(model, tokenizer, examples, sequence_tokens: list[int], batch_size: int, max_batch_tokens: int,
+                max_seconds: float) -> PrefixTiming:
+    """`time_prefixes` on the first example of the probe's batch, within PREFIX_SHARE of `max_seconds`."""
+    from lpes.validation import scoring
+
+    first = scoring._batches(sequence_tokens, batch_size, max_batch_tokens)[0]
+    ids = scoring.encode_prompt(tokenizer, examples[first[0]].prompt)
+    device = _device_of(model)
+    keep = {"logits_to_keep": 1} if scoring._accepts_logits_to_keep(model) else {}
+
+    def timer(tokens: int) -> float:
+        row = torch.tensor([ids[:tokens]], device=device)
+        _synchronize(device)
+        started = time.perf_counter()
+        with torch.no_grad():
+            model(input_ids=row, use_cache=False, **keep)
+        _synchronize(device)
+        return time.perf_counter() - started
+
+    started = time.perf_counter()
+    timings = time_prefixes(timer, len(ids), PREFIX_SHARE * max_seconds)
+    return PrefixTiming(tuple(timings), len(ids), len(first), time.perf_counter() - started)
+
+
+def prefill_seconds(prefix: PrefixTiming, prompt_tokens: list[int], sequence_tokens: list[int], batch_size: int,
+                    max_batch_tokens: int) -> float:
+    """Seconds of every batch's prefill alone (no decode step), as scoring forms the batches: a row's at the
+    timed prompt's width, in proportion to each batch's rows and padded prompt positions."""
+    from lpes.validation import scoring
+
+    row = prefix.row_prefill()
+    return sum(row * len(batch) * max(prompt_tokens[i] for i in batch) / max(prefix.width, 1)
+               for batch in scoring._batches(sequence_tokens, batch_size, max_batch_tokens))
+
+
+def describe_prefix(seconds: float, prefix: PrefixTiming, device: str) -> str:
+    tokens, took = prefix.timings[-1]
+    return (f"at least {format_seconds(seconds)} on {device} for the prefills alone, extrapolated from one prompt's "
+            f"first {tokens:,} of {prefix.width:,} tokens ({format_seconds(took)})")
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def probe(model, tokenizer, examples, sequence_tokens: list[int], batch_size: int, max_batch_tokens: int,
-          max_new_tokens: int | None, eos, single: bool = False) -> Probe:
+          max_new_tokens: int | None, eos, single: bool = False, deadline: float | None = None) -> Probe:
     """Score the first batch scoring would run (its longest examples) and time its prefill and decode steps.
 
-    `single`: also time its first example alone (variants scored one example at a time).
+    `single`: also time its first example alone (variants scored one example at a time). `deadline`: a
+    time.perf_counter() past which the probe stops after its current forward (ProbeOverBudget).
     """
     from lpes.validation import scoring
 
@@ -173,21 +282,24 @@ def probe(model, tokenizer, examples, sequence_tokens: list[int], batch_size: in
     scoring.TorchGreedy(model, scoring.pad_token_id(model, tokenizer)).greedy([warm], 2, None)
     started = time.perf_counter()
     scores, prefill_s, step_s, steps = _timed(model, lambda: scoring.greedy_correct(
-        model, tokenizer, batch, batch_size, max_new_tokens, eos_token_id=eos, max_batch_tokens=max_batch_tokens))
+        model, tokenizer, batch, batch_size, max_new_tokens, eos_token_id=eos, max_batch_tokens=max_batch_tokens),
+        deadline)
     seconds = time.perf_counter() - started
     budgets = [seq - len(scoring.encode_prompt(tokenizer, e.prompt)) for seq, e in zip(
         [sequence_tokens[i] for i in first], batch)]
     alone = None
     if single and len(first) > 1:
         _, one_prefill, one_step, _ = _timed(model, lambda: scoring.greedy_correct(
-            model, tokenizer, batch[:1], 1, max_new_tokens, eos_token_id=eos, max_batch_tokens=max_batch_tokens))
+            model, tokenizer, batch[:1], 1, max_new_tokens, eos_token_id=eos, max_batch_tokens=max_batch_tokens),
+            deadline)
         alone = (one_prefill, one_step)
     width = max(sequence_tokens[i] - b for i, b in zip(first, budgets))
     return Probe(tuple(first), scores, len(first), width, steps, max(budgets) - 1, prefill_s, step_s, alone, seconds)
 
 
-def _timed(model, call):
-    """`call()`'s result, the seconds to its first forward's end (the prefill), per later step, and the steps."""
+def _timed(model, call, deadline: float | None = None):
+    """`call()`'s result, the seconds to its first forward's end (the prefill), per later step, and the steps;
+    ProbeOverBudget from the first forward that ends past `deadline` (a time.perf_counter())."""
     ends: list[float] = []
     cuda = _device_of(model).type == "cuda"
 
@@ -195,6 +307,8 @@ def _timed(model, call):
         if cuda:
             torch.cuda.synchronize()
         ends.append(time.perf_counter())
+        if deadline is not None and ends[-1] > deadline:
+            raise ProbeOverBudget(f"{len(ends)} forward(s)")
 
     handle = model.register_forward_hook(after)
     try:

@@ -171,6 +171,9 @@ def validate(
     report.warnings += kv_plan.warnings + _answer_warnings(results, kv_plan.examples)
     write_report(report, out_dir)
     _rewrite_model_card(out_dir, report, spec, config, spec.base_model or name)
+    from lpes.foundation.outputs import record_written
+
+    record_written(out_dir, report.files)  # lpes wrote them: a later lpes-convert --force may replace them
     return report
 
 

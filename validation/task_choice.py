@@ -75,18 +75,36 @@ def check_task_encodes(model_path: Path, task: ResolvedTask, source: str | None 
     """The task's prompts and answers encode with the model's tokenizer (`vocabulary.check_vocabulary`, as lpes-search
     checks its data), else LpesError in one line: lpes-convert calls it at plan time, before any export.
     Returns the longest sequence validation generates (prompt + answer budget, in tokens), which an export with
-    a fixed context (genai) must hold; 0 without tokenizer files (key-value scoring is then skipped, and says why)."""
-    from lpes.converter.loading import has_tokenizer, load_tokenizer
+    a fixed context (genai) must hold; 0 without tokenizer files (key-value scoring is then skipped, and says why).
+    The task's sizes are bounded first (validation/sizes.py): its prompts against memory before they are built,
+    their positions against the model's trained length (a bundled task's from its description, before)."""
+    from lpes.converter.loading import has_tokenizer, load_config, load_tokenizer
     from lpes.validation.scoring import longest_sequence
+    from lpes.validation.sizes import check_positions, check_prompt_memory
     from lpes.validation.tasks import examples_for
 
     if not has_tokenizer(model_path):
         return 0
+    config, flag = load_config(model_path), _flag(task)
+    model = source or Path(model_path).name
+    if task.config.length is not None:  # a bundled model's task: `length` is the positions a prompt takes
+        check_positions(config, task.config.length + (task.config.answer_tokens or 1), flag, model,
+                        "ask for a shorter length")
+    check_prompt_memory([(flag, task.config)])  # before any prompt is built
     tokenizer = load_tokenizer(model_path)
     examples = examples_for(task.config, model_path, tokenizer=tokenizer, use_chat_template=task.chat_template,
                             split="validation")
     check_examples_encode(tokenizer, examples, task, source)
-    return longest_sequence(tokenizer, examples)
+    longest = longest_sequence(tokenizer, examples)
+    check_positions(config, longest, flag, model, "ask for fewer pairs or a shorter length")
+    return longest
+
+
+def _flag(task: ResolvedTask) -> str:
+    """What a refusal of the task's sizes names: --data, or the task the curve was searched on."""
+    if task.source == "--data":
+        return "--data"
+    return f"validation on {shareable_data(task.data) or 'the model folder task'} ({task.source} task)"
 
 
 _TASK_SOURCES = {"--data": "from --data", "the search's": "the task the curve was searched on",

@@ -263,6 +263,16 @@ def parse_description(data: str) -> tuple[str, dict[str, Any]]:
     return task, overrides
 
 
+def data_files(data: str | None) -> list[str]:
+    """The files a --data value names (itself, or a description's file=), without reading them."""
+    if data is None:
+        return []
+    if not _is_description(data):
+        return [data]
+    fields = (item.partition("=") for item in data.partition(":")[2].split(","))
+    return [value.strip() for name, eq, value in fields if eq and name.strip() == "file"]
+
+
 def _is_description(data: str) -> bool:
     """TASK:... unless it names a file (kv:file=x.jsonl is a description; C:/x.jsonl or x.jsonl a file)."""
     if _names_a_file(data) or ":" not in data:

@@ -4,6 +4,7 @@ scoring them all on the same examples, one copy of the weights at a time."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,7 @@ from lpes.foundation.spec import LINEAR_ROPE, Spec, StockRope
 from lpes.validation import checks, scoring
 from lpes.validation.examples import Example
 from lpes.validation.results import REFERENCE, UNIFORM, UNSCALED, VariantResult
+from lpes.validation.sizes import FORWARD_MARGIN, forward_bytes
 from lpes.validation.task_choice import ResolvedTask, check_examples_encode, token_span
 
 BASELINE_NOTE = "PyTorch, best on calibration"
@@ -86,6 +88,12 @@ def plan_kv(model_path: Path, config, examples, task: ResolvedTask | None, dtype
     prompts = [len(e.prompt_ids) for e in encoded]
     budgets = [max_new_tokens or x.answer_tokens or len(e.answer_ids) for x, e in zip(examples, encoded)]
     plan = KvPlan(None, tokenizer, examples, prompts, [p + b for p, b in zip(prompts, budgets)])
+    longest = max(plan.sequence_tokens)
+    forward = forward_bytes(config, longest, dtype_bytes(dtype))  # one row of the longest: the least a batch holds
+    if available is not None and needed + FORWARD_MARGIN * forward > available:
+        return KvPlan(f"the longest prompt ({longest:,} positions with its answer budget) keeps about "
+                      f"{format_bytes(forward)} of keys, values and activations in {dtype}, beside "
+                      f"{format_bytes(needed)} of weights; this machine has {format_bytes(available)} available")
     searched = task.searched.prompt_tokens if task is not None and task.searched is not None else None
     if searched and not 0.8 * searched[1] <= max(prompts) <= 1.25 * searched[1]:
         plan.warnings.append(f"the prompts are {token_span(min(prompts), max(prompts))} tokens, the curve was searched "
@@ -139,6 +147,10 @@ def score_all(model_path, spec, kv_plan: KvPlan, planned: list[PlannedVariant], 
                batch_size, max_batch_tokens, max_new_tokens, max_seconds, progress):
     """Load the model, time a probe batch, and score every variant if the estimate fits `max_seconds`.
 
+    Under a budget the probe is bounded first (validation/checks.py): one prompt's prefill is timed on its
+    prefixes, and where the prefills extrapolated from them exceed the budget, or the probe's could, nothing
+    more runs; a probe that runs past the budget all the same is stopped after the forward that crossed it.
+
     Returns (results, estimate text, why skipped or None).
     """
     import torch
@@ -152,15 +164,37 @@ def score_all(model_path, spec, kv_plan: KvPlan, planned: list[PlannedVariant], 
     model = load_model(Path(model_path), reference_dtype).to(where)
     eos = scoring.eos_token_ids(model, tokenizer) or None  # the exports' runners get the same stop tokens
     scored = [v for v in planned if v.same_as is None and v.skipped is None]
-    probe = checks.probe(model, tokenizer, examples, kv_plan.sequence_tokens, batch_size, max_batch_tokens,
-                         max_new_tokens, eos, single=any(v.one_at_a_time for v in scored))
+    over = f"over the {checks.format_seconds(max_seconds)} budget" if max_seconds is not None else ""
+    deadline = None
+    if max_seconds is not None:  # the probe itself within the budget: its prefill timed on prefixes first
+        deadline = time.perf_counter() + max_seconds
+        prefix = checks.time_prefix(model, tokenizer, examples, kv_plan.sequence_tokens, batch_size,
+                                    max_batch_tokens, max_seconds)
+        least = sum(checks.prefill_seconds(prefix, kv_plan.prompt_tokens, kv_plan.sequence_tokens,
+                                           1 if v.one_at_a_time else batch_size, max_batch_tokens) for v in scored)
+        worst = prefix.rows * prefix.row_prefill(worst=True)
+        if least > max_seconds or prefix.seconds + worst > max_seconds:
+            del model
+            estimate = checks.describe_prefix(least, prefix, where.type)
+            if least > max_seconds:
+                return [], estimate, f"{len(examples)} examples x {len(scored)} variants would take {estimate}, {over}"
+            return [], estimate, (f"the first batch alone ({prefix.rows} example(s) of {prefix.width:,} prompt "
+                                  f"tokens) could take up to {checks.format_seconds(worst)} to prefill, {over} "
+                                  f"(extrapolated from its first prompt's first {prefix.timings[-1][0]:,} tokens)")
+    try:
+        probe = checks.probe(model, tokenizer, examples, kv_plan.sequence_tokens, batch_size, max_batch_tokens,
+                             max_new_tokens, eos, single=any(v.one_at_a_time for v in scored), deadline=deadline)
+    except checks.ProbeOverBudget:
+        del model
+        return [], f"over {checks.format_seconds(max_seconds)}", (
+            f"{len(examples)} examples x {len(scored)} variants: the timed first batch alone ran past the "
+            f"{checks.format_seconds(max_seconds)} budget")
     seconds = sum(checks.estimate_seconds(probe, kv_plan.prompt_tokens, kv_plan.sequence_tokens,
                                           1 if v.one_at_a_time else batch_size, max_batch_tokens) for v in scored)
     estimate = checks.describe_estimate(seconds, probe, where.type)
     if max_seconds is not None and seconds > max_seconds:
         del model
-        return [], estimate, (f"{len(examples)} examples x {len(scored)} variants would take {estimate}, over the "
-                              f"{checks.format_seconds(max_seconds)} budget")
+        return [], estimate, f"{len(examples)} examples x {len(scored)} variants would take {estimate}, {over}"
     bar = tqdm(total=len(examples) * len(scored), desc="lpes-validate", unit="example", disable=not progress)
 
     def score(name: str, runner, one_at_a_time: bool = False) -> scoring.Scores:
