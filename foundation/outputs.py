@@ -16,7 +16,17 @@ finishes, swaps it in atomically. `check_output_file` is the same idea for a sin
 `locked_output` gives such a file its lock. A name beside OUT that holds something lpes did
 not make (a planted symbolic link) is refused, never followed. A staging folder a killed run
 left is removed by the next run that writes the same OUT, which says so (with its size) once
-every check has passed; no other command mentions it (its one stderr line stays its own).
+every check has passed; no other command mentions it (its one stderr line stays its own), and
+lpes keeps no record of it anywhere else.
+
+--force replaces only what lpes wrote. MARKER is an inventory: just before the swap it lists
+every file in the staging folder with its size (and, up to HASHED_BYTES, its sha256), and
+`record_written` adds what a later lpes command writes into the folder (lpes-validate's report
+and card). A file in OUT that the inventory does not list, or that differs from it (a notes
+file, an edited card), an empty folder of the user's, or a marker with no inventory (an older
+lpes) makes the run refuse in one line naming it, at plan time and again under the lock; it is
+never deleted. A temporary file of an interrupted atomic write (`files.save_atomic`) is lpes's.
+`check_not_in_output` refuses an input (--curve, a --data file) inside the OUT a run would replace.
 """
 
 from __future__ import annotations
@@ -26,8 +36,10 @@ import ctypes.util
 import errno
 import fcntl
 import glob
+import hashlib
 import json
 import os
+import re
 import shutil
 import stat
 import sys
@@ -37,7 +49,7 @@ from pathlib import Path
 
 from lpes.foundation.devices import format_bytes
 from lpes.foundation.errors import LpesError, shown
-from lpes.foundation.files import fsync_path
+from lpes.foundation.files import fsync_path, write_text_atomic
 from lpes.foundation.interrupts import check_interrupted, shielded
 from lpes.foundation.preflight import check_room, nearest_existing
 
@@ -46,13 +58,18 @@ MARKER_FORMAT = "lpes-output"
 STAGING_INFIX = ".lpes-partial-"
 # The longest sibling name lpes makes from OUT's name: "." + name + ".lpes-partial-" + a 7-digit pid.
 SIBLING_EXTRA = 1 + len(STAGING_INFIX) + 7
+HASHED_BYTES = 2**20  # files up to this size are inventoried with their sha256 (cards, configs, code); larger by size
+# files.save_atomic's temporary name (tempfile.mkstemp: 8 of [a-z0-9_]), left where a write was killed
+_ATOMIC_TEMP = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp(\.[^/]*)?")
 
 
 # ---- plan time ----
 
 
-def check_output_folder(out: str | os.PathLike, model_path: Path, force: bool) -> Path:
-    """The --out folder as a Path, or LpesError (one line) when writing it could destroy anything."""
+def check_output_folder(out: str | os.PathLike, model_path: Path, force: bool,
+                        inputs: list[tuple[str, str | os.PathLike]] = ()) -> Path:
+    """The --out folder as a Path, or LpesError (one line) when writing it could destroy anything (`inputs`:
+    (flag, path) of the files the run reads, which must not be in it)."""
     path = _non_empty(out)
     _check_not_around_cwd(path)
     _check_apart_from_model(path, model_path)
@@ -60,6 +77,8 @@ def check_output_folder(out: str | os.PathLike, model_path: Path, force: bool) -
         raise LpesError(f"--out {shown(path)} is a symbolic link; name the folder itself")
     if path.exists() and not path.is_dir():
         raise LpesError(f"--out {shown(path)} is a file; lpes-convert writes a folder there (choose a new name)")
+    for flag, read in inputs if force else ():  # without --force an existing --out is refused below
+        check_not_in_output(read, path, flag)
     _check_replaceable(path, force)
     _check_creatable(path)
     check_siblings(path)
@@ -115,6 +134,18 @@ def check_siblings(out: Path) -> None:
                             f"{'symbolic link' if stale.is_symlink() else 'file'}); remove it yourself")
 
 
+def check_not_in_output(path: str | os.PathLike | None, out: str | os.PathLike, flag: str) -> None:
+    """Refuse an input file (`flag`: --curve, --data) that is the existing --out a run would replace, or inside
+    it: --force would delete it."""
+    if path is None or not str(out).strip():
+        return
+    here, there = _real(Path(path)), _real(Path(out))
+    if here == there or (there.is_dir() and there in here.parents):
+        link = f" (a link to {shown(here)})" if Path(os.path.abspath(path)) != here else ""
+        raise LpesError(f"{flag} {shown(path)}{link} is {'inside --out' if here != there else '--out'} "
+                        f"{shown(out)}, which --force would replace; copy it out first or choose another --out")
+
+
 def check_outside_model(path: Path, model_path: Path) -> None:
     """Refuse an output file written into the model folder (or a subfolder of it)."""
     here, model = _real(path), _real(model_path)
@@ -166,9 +197,103 @@ def _check_replaceable(path: Path, force: bool) -> None:
         return
     if not force:
         raise LpesError(f"output folder {shown(path)} exists; pass --force to replace it")
-    if not is_lpes_output(path) and any(path.iterdir()):
-        raise LpesError(f"{shown(path)} was not written by lpes-convert (no {MARKER} in it); --force replaces only "
-                        "lpes output folders, delete it yourself if it is yours")
+    if not is_lpes_output(path):
+        if any(path.iterdir()):
+            raise LpesError(f"{shown(path)} was not written by lpes-convert (no {MARKER} in it); --force replaces "
+                            "only lpes output folders, delete it yourself if it is yours")
+        return
+    _check_only_lpes_files(path)
+
+
+def _check_only_lpes_files(path: Path) -> None:
+    """Every entry of the lpes output `path` is one its marker's inventory lists, as lpes wrote it; else
+    LpesError naming the first that is not (it is the user's: --force must not delete it)."""
+    files = _inventory_of(path)
+    if files is None:
+        raise LpesError(f"{shown(path)} was written by an older lpes (its {MARKER} lists no files), so lpes cannot "
+                        "tell its files from yours; delete it yourself or choose another --out")
+    folders = {parent.as_posix() for name in files for parent in Path(name).parents if parent != Path(".")}
+    for root, dirs, names in os.walk(path):
+        dirs.sort()
+        for name in sorted(dirs) + sorted(names):
+            full = os.path.join(root, name)
+            rel = Path(os.path.relpath(full, path)).as_posix()
+            if rel == MARKER or (name in names and _ATOMIC_TEMP.fullmatch(name)):
+                continue
+            try:
+                info = os.lstat(full)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISDIR(info.st_mode):
+                if rel not in folders:
+                    _refuse_foreign(path, f"{rel}/", "which lpes did not write")
+                continue
+            if rel not in files:
+                _refuse_foreign(path, rel, "which lpes did not write")
+            if _entry(full, info) != files[rel]:
+                _refuse_foreign(path, rel, "which was changed since lpes wrote it")
+
+
+def _refuse_foreign(out: Path, rel: str, why: str) -> None:
+    raise LpesError(f"{shown(out)} holds {shown(rel)}, {why}; --force replaces only what lpes wrote: move it out "
+                    "or delete it, then rerun")
+
+
+def _inventory_of(folder: Path) -> dict | None:
+    """The files the marker of `folder` lists (relative path -> `_entry`), None where it lists none."""
+    try:
+        files = json.loads((folder / MARKER).read_text()).get("files")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        return None
+    return files if isinstance(files, dict) else None
+
+
+def _entry(path: str | os.PathLike, info: os.stat_result | None = None) -> dict:
+    """What the inventory records of a file: its size, its kind where it is not a regular file, and its
+    sha256 up to HASHED_BYTES (a file that cannot be read gets none, so it never matches one with a hash)."""
+    info = info or os.lstat(path)
+    if not stat.S_ISREG(info.st_mode):
+        return {"bytes": info.st_size, "kind": "link" if stat.S_ISLNK(info.st_mode) else "other"}
+    entry = {"bytes": info.st_size}
+    if info.st_size <= HASHED_BYTES:
+        try:
+            with open(path, "rb") as file:
+                entry["sha256"] = hashlib.sha256(file.read()).hexdigest()
+        except OSError:
+            entry["sha256"] = None
+    return entry
+
+
+def _inventory(folder: Path) -> dict:
+    """Every file under `folder` but the marker: relative path (POSIX) -> `_entry`."""
+    files = {}
+    for root, dirs, names in os.walk(folder):
+        dirs.sort()
+        for name in sorted(names):
+            full = os.path.join(root, name)
+            rel = Path(os.path.relpath(full, folder)).as_posix()
+            if rel != MARKER:
+                files[rel] = _entry(full)
+    return files
+
+
+def record_written(folder: str | os.PathLike, paths: list) -> None:
+    """Add `paths`, just written by lpes into `folder`, to the inventory of the lpes output holding `folder`
+    (its marker, in `folder` or above): --force may replace them. Nothing where no output holds it."""
+    root = _real(Path(folder))
+    while not (root / MARKER).is_file():
+        if root == root.parent:
+            return
+        root = root.parent
+    files = _inventory_of(root) if is_lpes_output(root) else None
+    if files is None:  # an older lpes's output: it is refused as a whole
+        return
+    for path in paths:
+        full = _real(Path(path))
+        if root in full.parents and full.exists():
+            files[full.relative_to(root).as_posix()] = _entry(full)
+    data = json.loads((root / MARKER).read_text())
+    write_text_atomic(root / MARKER, json.dumps({**data, "files": files}) + "\n")
 
 
 def _check_creatable(path: Path) -> None:
@@ -211,6 +336,7 @@ def staged_output(out: Path, force: bool) -> Iterator[Path]:
         try:
             _write_marker(staging)
             yield staging
+            _write_marker(staging, _inventory(staging))  # what --force may replace next time
             check_interrupted()  # a SIGINT/SIGTERM Python dropped: the output is not swapped in
             _swap_in(staging, out)
         except BaseException:
@@ -337,12 +463,14 @@ def _staging_folders(out: Path) -> list[Path]:
     return [Path(p) for p in sorted(glob.glob(pattern)) if Path(p).name.rsplit("-", 1)[-1].isdigit()]
 
 
-def _write_marker(staging: Path) -> None:
+def _write_marker(staging: Path, files: dict | None = None) -> None:
     from lpes.foundation.version import __version__
 
-    # No paths of this machine: the folder may be published as it is.
-    text = json.dumps({"format": MARKER_FORMAT, "written_by": f"lpes {__version__}"}) + "\n"
-    (staging / MARKER).write_text(text)
+    # No paths of this machine (the inventory's are relative to the folder): it may be published as it is.
+    marker = {"format": MARKER_FORMAT, "written_by": f"lpes {__version__}"}
+    if files is not None:
+        marker["files"] = files
+    (staging / MARKER).write_text(json.dumps(marker) + "\n")
 
 
 def _swap_in(staging: Path, out: Path) -> None:

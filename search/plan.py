@@ -44,12 +44,14 @@ def plan_search(model: str, out: Path, options: SearchOptions, force: bool) -> S
     """Check the options, the model, the scheme and the data; read the examples and the tokenizer."""
     from lpes.converter.loading import load_config, model_label, model_location, resolve_model
     from lpes.converter.weights_dtype import dtype_note
-    from lpes.foundation.outputs import check_output_file, check_outside_model
-    from lpes.validation.tasks import examples_for, task_config
+    from lpes.foundation.outputs import check_not_in_output, check_output_file, check_outside_model
+    from lpes.validation.tasks import data_files, examples_for, task_config
     from lpes.validation.vocabulary import check_vocabulary
 
     grid, settings = check_options(options)
     out = check_output_file(out, force)  # not empty, not a folder, not there without --force (foundation/outputs.py)
+    for path in data_files(options.data):  # --force would write the spec over it
+        check_not_in_output(path, out, "--data")
     where = model_location(model)  # known without the model's checks: --out inside it is refused in a second
     if where is not None:
         check_outside_model(out, where)
