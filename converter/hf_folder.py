@@ -34,13 +34,13 @@ from typing import Any
 from lpes.converter import lpes_rope
 from lpes.converter.architectures import architecture_for
 from lpes.converter.loading import PICKLE_SUFFIXES, resolved_for_model
-from lpes.converter.model_card import write_model_card
+from lpes.converter.model_card import LENGTHS_PLOT, write_model_card
 from lpes.converter.modeling_template import MODELING_LPES
 from lpes.converter.portable_files import COPIED_TOKENIZER_FILES, write_config_json, write_tokenizer_files
 from lpes.converter.reference import check_rope_scheme
 from lpes.foundation.errors import LpesError
 from lpes.foundation.files import write_text_atomic
-from lpes.foundation.plots import plot_curve
+from lpes.foundation.plots import plot_curve, plot_lengths
 from lpes.foundation.spec import LINEAR_ROPE, RopeScheme, Spec, dump_spec
 from lpes.foundation.spec_file import SPEC_FILE
 
@@ -88,12 +88,30 @@ def write_hf_folder(
         write_text_atomic(out_dir / MODELING_FILE, render_modeling(data))
         shutil.copyfile(lpes_rope.__file__, out_dir / ROPE_FILE)
         note = "per-layer scales: modeling_lpes.py + lpes_rope.py, load with trust_remote_code=True"
+    data = _with_serving_limit(data, spec)
     write_config_json(data, out_dir / "config.json")
     dump_spec(spec, out_dir / SPEC_FILE)
     plot_curve(spec, out_dir / "lpes_curve.png")
+    if spec.decision is not None and spec.decision.lengths is not None:
+        held = spec.decision.row_computing(spec.scales, spec.rope.rope_type)
+        plot_lengths(spec.decision.lengths, spec.decision.alpha, out_dir / LENGTHS_PLOT, held.name if held else None)
     if model_card:
         write_model_card(out_dir, spec, base_model, config)
     return HubFolderWritten(out_dir, stock is not None, note)
+
+
+def _with_serving_limit(data: dict[str, Any], spec: Spec) -> dict[str, Any]:
+    """config.json with max_position_embeddings lowered to the length the decision checked what it holds at
+    (Spec.serving_limit): transformers' and vLLM's longest prompt. Not under dynamic NTK, whose frequencies switch
+    at max_position_embeddings: there the card states the limit instead."""
+    limit = spec.serving_limit
+    if limit is None or spec.rope.length_dependent:
+        return data
+    text = data.get("text_config") if isinstance(data.get("text_config"), dict) else data
+    if limit >= int(text.get("max_position_embeddings") or limit + 1):
+        return data
+    text["max_position_embeddings"] = limit
+    return data
 
 
 def render_modeling(config: dict[str, Any]) -> str:

@@ -17,6 +17,7 @@ from lpes.foundation.files import write_text_atomic
 from lpes.foundation.spec import Spec
 
 MODELING_FILE = "modeling_lpes.py"
+LENGTHS_PLOT = "lpes_lengths.png"  # the decision's ladder of lengths, drawn (foundation/plots.py plot_lengths)
 # A Hub repo id: owner/name, nothing that looks like a path on this machine.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -124,8 +125,30 @@ def _decision_section(spec: Spec) -> str:
     return ("## What ships and why\n\n" + what + f" lpes-search scored every option it considered on "
             f"{decision.prompts} held-out prompts ({decision.middle_prompts} with the needed fact in the middle "
             "of the context, 25-75%) and held each against the simpler ones with McNemar's exact test; the "
-            "simplest that no more complex option beats ships.\n\n"
+            "simplest that no more complex option beats ships." + _lengths_text(spec, held) + "\n\n"
             + "\n".join(format_table(decision, shipped=held.name if held else "")))
+
+
+def _lengths_text(spec: Spec, held) -> str:
+    """The lengths the decision covers, the limit this folder carries, and the one warning transformers prints."""
+    lengths = spec.decision.lengths
+    text = ""
+    if lengths is None:
+        text = (" It was decided at one prompt length only (a spec from before lpes checked longer ones): "
+                "nothing here says how it does on longer prompts.")
+    else:
+        text = (f" Each option was also checked against the unscaled model on longer prompts, up to "
+                f"{lengths.checked:,} tokens (the lengths table below, and [{LENGTHS_PLOT}]({LENGTHS_PLOT})); one "
+                "that is significantly worse there is not shipped.")
+        if (limit := spec.serving_limit) is not None:
+            where = ("its config.json sets `max_position_embeddings` to that" if not spec.rope.length_dependent
+                     else "its config.json does not say so (dynamic NTK switches at `max_position_embeddings`)")
+            text += (f" **Serve this folder at most {limit:,} tokens** ({where}; vLLM: `--max-model-len {limit}`): "
+                     "longer prompts were not checked or were worse than the unscaled model.")
+    if held is not None and held.kind == "uniform" and held.factor is not None and held.factor < 1:
+        text += (f" transformers warns at load that a linear factor should be at least 1 ({held.factor:g} here, a "
+                 "compression): that is what was decided, and it computes what was measured.")
+    return text
 
 
 def _front_matter(repo: str | None) -> str:

@@ -24,6 +24,7 @@ from typing import Any, NoReturn
 from lpes.foundation.errors import LpesError
 from lpes.foundation.spec_fields import (
     MAX_LAYERS,
+    MAX_POSITIONS,
     MAX_SCALE,
     MIN_SCALE,
     STOCK_ROPE_TYPES,
@@ -34,9 +35,14 @@ from lpes.foundation.spec_fields import (
     show,
 )
 
-LEVELS = {"unscaled": 0, "uniform": 1, "stock": 1, "per-layer": 2}
+# per-type: one scale on the layers of full attention, the sliding-window ones unscaled (Gemma 3): stock config
+# on a model with one RoPE per layer type, as one scale everywhere is.
+LEVELS = {"unscaled": 0, "uniform": 1, "stock": 1, "per-type": 1, "per-layer": 2}
 DEFAULT_ALPHA = 0.05
 DETECTABLE_POINTS = 5.0  # the gain a held-out set must be able to show, in points of accuracy
+# The least mean excess of next-token loss over a rung, in nats a token, that counts as a break at a longer length
+# (validation/length_probe.py): any RoPE change costs a little everywhere (SmolLM2's s = 0.75: 0.01-0.05 below 6k).
+LENGTH_MARGIN = 0.05
 MIDDLE = (0.25, 0.75)  # gold index / (pairs - 1): the middle of the context
 
 
@@ -178,9 +184,76 @@ class Ship:
     kind: str
     rope_type: str | None
     factor: float | None
+    max_length: int | None = None  # the longest prompt it was checked to hold at, where that limits it; None: none
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "kind": self.kind, "rope_type": self.rope_type, "factor": self.factor}
+        out = {"name": self.name, "kind": self.kind, "rope_type": self.rope_type, "factor": self.factor}
+        return out if self.max_length is None else {**out, "max_length": self.max_length}
+
+
+@dataclass(frozen=True)
+class RungCheck:
+    """A candidate against the unscaled model over the positions (previous rung, `length`] of the length probe
+    (validation/length_probe.py): the mean loss excess and the sign test of its paired blocks."""
+
+    length: int
+    excess: float  # mean next-token loss, candidate minus unscaled, nats a token
+    worse: int  # blocks where the candidate's mean loss is higher
+    better: int
+    p: float  # binomial_p(worse, better)
+
+    def breaks(self, alpha: float) -> bool:
+        return self.worse > self.better and self.p < alpha and self.excess >= LENGTH_MARGIN
+
+    def to_json(self) -> dict[str, Any]:
+        return {"length": self.length, "excess": self.excess, "worse": self.worse, "better": self.better, "p": self.p}
+
+    def line(self) -> str:
+        return (f"at {self.length:,} tokens {self.excess:+.2f} nats/token over unscaled "
+                f"({self.worse}/{self.better} blocks worse/better, p = {self.p:.2g})")
+
+
+@dataclass(frozen=True)
+class Lengths:
+    """The ladder of lengths a decision covers: each candidate checked against the unscaled model at every rung
+    from the search length up to the longest prompt the shipped model serves, or as far as the run could go."""
+
+    search: int  # tokens of the longest held-out prompt: where the verdicts decided
+    serve: int  # the longest prompt the shipped model is meant to serve (lpes-search --serve-length)
+    trained: int  # the model's max_position_embeddings
+    checked: int  # the longest rung checked: `serve`, unless time or memory stopped the ladder first
+    probe: str  # what was measured, in words
+    checks: tuple[tuple[str, tuple[RungCheck, ...]], ...]  # candidate name -> its rungs (the unscaled model: none)
+    stopped: str | None = None  # why the ladder stopped below `serve`
+
+    def broken(self, alpha: float) -> dict[str, RungCheck]:
+        """Each candidate that breaks at a rung, with the first rung it breaks at."""
+        out = {}
+        for name, rungs in self.checks:
+            first = next((r for r in rungs if r.breaks(alpha)), None)
+            if first is not None:
+                out[name] = first
+        return out
+
+    def limit(self, kind: str) -> int | None:
+        """The longest prompt a shipped `kind` may be served at, where it is below the model's own length: the
+        serving length asked for, or the last rung checked. The unscaled model needs none."""
+        limit = min(self.serve, self.checked)
+        return limit if kind != "unscaled" and limit < self.trained else None
+
+    def limit_for(self, row: Row, alpha: float) -> int | None:
+        """The longest prompt a folder holding `row` may serve: below the first rung it breaks at (a curve shipped
+        over the decision, --ship curve), else as `limit`."""
+        rungs = dict(self.checks).get(row.name, ())
+        first = next((i for i, r in enumerate(rungs) if r.breaks(alpha)), None)
+        if first is None:
+            return self.limit(row.kind)
+        return rungs[first - 1].length if first > 0 else self.search
+
+    def to_json(self) -> dict[str, Any]:
+        return {"search": self.search, "serve": self.serve, "trained": self.trained, "checked": self.checked,
+                "probe": self.probe, "checks": {name: [r.to_json() for r in rungs] for name, rungs in self.checks},
+                "stopped": self.stopped}
 
 
 @dataclass(frozen=True)
@@ -193,10 +266,12 @@ class Decision:
     rows: tuple[Row, ...]
     ship: Ship
     reason: str
+    lengths: Lengths | None = None  # the ladder of lengths; None: decided at the search length alone
 
     def to_json(self) -> dict[str, Any]:
-        return {"alpha": self.alpha, "prompts": self.prompts, "middle_prompts": self.middle_prompts,
-                "rows": [r.to_json() for r in self.rows], "ship": self.ship.to_json(), "reason": self.reason}
+        out = {"alpha": self.alpha, "prompts": self.prompts, "middle_prompts": self.middle_prompts,
+               "rows": [r.to_json() for r in self.rows], "ship": self.ship.to_json(), "reason": self.reason}
+        return out if self.lengths is None else {**out, "lengths": self.lengths.to_json()}
 
     @property
     def shipped_row(self) -> Row:
@@ -212,9 +287,11 @@ class Decision:
 
 
 def _computes(row: Row, scales: tuple[float, ...], rope_type: str) -> bool:
-    if row.kind == "per-layer":
-        return row.name == candidate_name("per-layer", scheme=rope_type) and row.scales is not None and \
-            len(row.scales) == len(scales) and all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(row.scales, scales))
+    if row.kind in ("per-layer", "per-type"):
+        scheme = rope_type if row.kind == "per-layer" else "linear"
+        return rope_type == scheme and row.name == candidate_name(row.kind, row.rope_type, row.factor, scheme) and \
+            row.scales is not None and len(row.scales) == len(scales) and \
+            all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(row.scales, scales))
     factor = 1.0 if row.kind == "unscaled" else row.factor
     wanted_type = "linear" if row.kind in ("unscaled", "uniform") else row.rope_type
     return rope_type == wanted_type and all(math.isclose(s, factor, rel_tol=1e-9) for s in scales)
@@ -230,33 +307,49 @@ def candidate_name(kind: str, rope_type: str | None = None, factor: float | None
         return f"uniform s={factor:g}"
     if kind == "stock":
         return f"{STOCK_ROPE_TYPES[rope_type]} f={factor:g}"
+    if kind == "per-type":
+        return f"full-attention layers s={factor:g}"
     return "per-layer curve" if scheme in (None, "linear") else f"per-layer {STOCK_ROPE_TYPES[scheme]} curve"
 
 
-def decide(candidates: Sequence[Candidate], middle: Sequence[bool], alpha: float = DEFAULT_ALPHA) -> Decision:
-    """The decision (the spec's `decision`): the table, what to ship and why in one line."""
+def decide(candidates: Sequence[Candidate], middle: Sequence[bool], alpha: float = DEFAULT_ALPHA,
+           lengths: Lengths | None = None) -> Decision:
+    """The decision (the spec's `decision`): the table, what to ship and why in one line. With `lengths`, a
+    candidate that breaks at any rung of the ladder is not shipped (nor does it keep a simpler one out)."""
     check_alpha(alpha)
     if not candidates or candidates[0].kind != "unscaled":
         raise ValueError("the first candidate is the unscaled model")
     rows = tuple(_row(c, candidates, middle) for c in candidates)
-    chosen, reason = decided(rows, alpha, len(middle), sum(middle))
+    chosen, reason = decided(rows, alpha, len(middle), sum(middle), lengths)
+    limit = lengths.limit(chosen.kind) if lengths else None
     return Decision(alpha, len(middle), sum(middle), rows, Ship(chosen.name, chosen.kind, chosen.rope_type,
-                                                                chosen.factor), reason)
+                                                                chosen.factor, limit), reason, lengths)
 
 
-def decided(rows: Sequence[Row], alpha: float, prompts: int, middle_prompts: int) -> tuple[Row, str]:
+def decided(rows: Sequence[Row], alpha: float, prompts: int, middle_prompts: int,
+            lengths: Lengths | None = None) -> tuple[Row, str]:
     """The row the rule ships and the line that says why, from the table alone (so a decision read from a file
     is checked against its own table)."""
     if prompts < smallest_detectable(alpha):
         return rows[0], (f"{prompts} held-out prompts cannot show a {DETECTABLE_POINTS:g}-point gain at p < {alpha:g} "
                          f"(it takes {smallest_detectable(alpha)}): shipping the unscaled model; hold out more prompts")
-    return _choose(rows, alpha, prompts, middle_prompts)
+    broken = lengths.broken(alpha) if lengths else {}
+    eligible = [r for r in rows if r.name not in broken]
+    chosen, reason = _choose(rows, eligible, alpha, prompts, middle_prompts)
+    unchecked = _choose(rows, rows, alpha, prompts, middle_prompts)[0]
+    if unchecked is not chosen:  # what the search length alone would ship breaks at a longer prompt
+        reason = f"{unchecked.name} not shipped: {broken[unchecked.name].line()}; {reason}"
+    if lengths and lengths.checked < lengths.serve:
+        reason += f"; checked up to {lengths.checked:,} tokens ({lengths.stopped})"
+    return chosen, reason
 
 
-def _choose(rows: Sequence[Row], alpha: float, prompts: int, middle_prompts: int) -> tuple[Row, str]:
-    """The simplest level's best candidate that no more complex candidate beats, and the line that says why."""
+def _choose(rows: Sequence[Row], eligible: Sequence[Row], alpha: float, prompts: int,
+            middle_prompts: int) -> tuple[Row, str]:
+    """The simplest level's best eligible candidate that no more complex eligible candidate beats, and the line
+    that says why (`rows`: the whole table, which each row's tests against the simpler ones follow)."""
     best: dict[int, Row] = {}
-    for row in rows:  # each level's best: all, then middle; a tie keeps the earlier
+    for row in eligible:  # each level's best: all, then middle; a tie keeps the earlier
         if row.level not in best or (row.right, row.middle_right) > (best[row.level].right,
                                                                      best[row.level].middle_right):
             best[row.level] = row
@@ -264,7 +357,7 @@ def _choose(rows: Sequence[Row], alpha: float, prompts: int, middle_prompts: int
     gain = _gain_line(prompts, middle_prompts)
     for level in levels:
         option = best[level]
-        rivals = [(r, _versus(rows, r, option)) for r in rows if r.level > level]
+        rivals = [(r, _versus(rows, r, option)) for r in eligible if r.level > level]
         if any(cmp.beats(alpha) for _, cmp in rivals):
             continue
         if rivals:
@@ -304,10 +397,12 @@ def _row(c: Candidate, candidates: Sequence[Candidate], middle: Sequence[bool]) 
                tuple(compare(c, other, middle) for other in candidates if other.level < c.level))
 
 
-def format_table(decision: Decision, label: str = "Decision", shipped: str | None = None) -> list[str]:
+def format_table(decision: Decision, label: str = "Decision", shipped: str | None = None,
+                 escape: bool = True) -> list[str]:
     """The decision as Markdown: one row per candidate, its p against each simpler one, then the reason.
     `shipped`: the row a folder holds where it is not the decision's (`--ship curve`); that row is marked
-    shipped and the decision's row "decided"."""
+    shipped and the decision's row "decided". `escape` False: the reason as it is (a terminal's, for a decision
+    just made, not read from a file)."""
     shipped = decision.ship.name if shipped is None else shipped
     lines = [f"| candidate | all ({decision.prompts}) | middle ({decision.middle_prompts}) | "
              "vs simpler: only this / only simpler, p (all; middle) |", "|---|---:|---:|---|"]
@@ -318,7 +413,26 @@ def format_table(decision: Decision, label: str = "Decision", shipped: str | Non
         mark = " **(shipped)**" if row.name == shipped else " **(decided)**" if row.name == decision.ship.name else ""
         lines.append(f"| {row.name}{mark} | {row.all:.1f} | {row.middle:.1f} | {against} |")
     lines.append("")
-    lines.append(f"{label} (McNemar's exact test, alpha {decision.alpha:g}): {markdown_text(decision.reason)}")
+    if decision.lengths is not None:
+        lines += ladder_table(decision.lengths, decision.alpha) + [""]
+    reason = markdown_text(decision.reason) if escape else decision.reason
+    lines.append(f"{label} (McNemar's exact test, alpha {decision.alpha:g}): {reason}")
+    return lines
+
+
+def ladder_table(lengths: Lengths, alpha: float) -> list[str]:
+    """Each candidate at each rung of the ladder of lengths: its loss excess over the unscaled model, and where
+    it breaks (foundation/decision.py RungCheck)."""
+    rungs = sorted({r.length for _, checks in lengths.checks for r in checks})
+    checked = f"checked up to {lengths.checked:,} of {lengths.serve:,} tokens" if lengths.checked < lengths.serve \
+        else f"checked up to {lengths.serve:,} tokens"
+    lines = [f"Lengths ({markdown_text(lengths.probe)}, nats/token over unscaled; {checked}):", "",
+             "| candidate | " + " | ".join(f"{r:,}" for r in rungs) + " |", "|---|" + "---:|" * len(rungs)]
+    for name, checks in lengths.checks:
+        by_length = {r.length: r for r in checks}
+        cells = [("-" if r not in by_length else f"{by_length[r].excess:+.2f}"
+                  + (" **breaks**" if by_length[r].breaks(alpha) else "")) for r in rungs]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -334,8 +448,11 @@ MARKDOWN_SPECIAL = set("\\`*_[]<>|#!~")
 # ---- reading a decision back (the spec's provenance.decision): every field typed and checked ----
 
 WHERE = "provenance.decision"
-DECISION_KEYS = ("alpha", "prompts", "middle_prompts", "rows", "ship", "reason")
-SHIP_KEYS = ("name", "kind", "rope_type", "factor")
+DECISION_KEYS = ("alpha", "prompts", "middle_prompts", "rows", "ship", "reason", "lengths")
+SHIP_KEYS = ("name", "kind", "rope_type", "factor", "max_length")
+LENGTHS_KEYS = ("search", "serve", "trained", "checked", "probe", "checks", "stopped")
+RUNG_KEYS = ("length", "excess", "worse", "better", "p")
+OPTIONAL = {"lengths", "max_length", "stopped"}  # absent in decisions made before the ladder of lengths
 ROW_KEYS = ("name", "kind", "rope_type", "factor", "scales", "verdicts", "all", "middle", "right", "middle_right",
             "against")
 AGAINST_KEYS = ("simpler", "only_this", "only_simpler", "p", "middle_only_this", "middle_only_simpler", "middle_p")
@@ -364,10 +481,57 @@ def parse_decision(data: Any) -> Decision | None:
         _refuse("rows[0].kind", f"must be 'unscaled' (the table starts there), got {show(rows[0].kind)}")
     ship = _parse_ship(data["ship"], rows)
     reason = one_line_text(data["reason"], f"{WHERE}.reason")
-    chosen, _ = decided(rows, float(alpha), prompts, middle_prompts)
+    lengths = _parse_lengths(data.get("lengths"), rows)
+    chosen, _ = decided(rows, float(alpha), prompts, middle_prompts, lengths)
     if chosen.name != ship.name:
         _refuse("ship", f"names {show(ship.name)}, but its own table decides {show(chosen.name)}")
-    return Decision(float(alpha), prompts, middle_prompts, tuple(rows), ship, reason)
+    limit = lengths.limit(ship.kind) if lengths else None
+    if ship.max_length != limit:
+        _refuse("ship.max_length", f"is {show(ship.max_length)}, but its ladder of lengths gives {show(limit)}")
+    return Decision(float(alpha), prompts, middle_prompts, tuple(rows), ship, reason, lengths)
+
+
+def _parse_lengths(data: Any, rows: list[Row]) -> Lengths | None:
+    if data is None:
+        return None
+    where = "lengths"
+    _object(data, LENGTHS_KEYS, f"{WHERE}.{where}")
+    search = _count(data["search"], f"{where}.search", 1, MAX_POSITIONS)
+    serve = _count(data["serve"], f"{where}.serve", search, MAX_POSITIONS)
+    trained = _count(data["trained"], f"{where}.trained", 1, MAX_POSITIONS)
+    checked = _count(data["checked"], f"{where}.checked", search, serve)
+    probe = one_line_text(data["probe"], f"{WHERE}.{where}.probe")
+    stopped = None if data.get("stopped") is None else one_line_text(data["stopped"], f"{WHERE}.{where}.stopped")
+    if not isinstance(data["checks"], dict):
+        _refuse(f"{where}.checks", f"must be an object, got {show(data['checks'])}")
+    names = [r.name for r in rows[1:]]
+    if list(data["checks"]) != [n for n in names if n in data["checks"]]:
+        _refuse(f"{where}.checks", f"must name rows of the table below the unscaled one, in order, got "
+                f"{show(list(data['checks']))}")
+    checks = tuple((name, tuple(_parse_rung(r, f"{where}.checks.{name}[{i}]", search, checked)
+                                for i, r in enumerate(_list(rungs, f"{where}.checks.{name}"))))
+                   for name, rungs in data["checks"].items())
+    return Lengths(search, serve, trained, checked, probe, checks, stopped)
+
+
+def _parse_rung(data: Any, where: str, search: int, checked: int) -> RungCheck:
+    _object(data, RUNG_KEYS, f"{WHERE}.{where}")
+    length = _count(data["length"], f"{where}.length", search, checked)
+    worse = _count(data["worse"], f"{where}.worse", 0, MAX_POSITIONS)
+    better = _count(data["better"], f"{where}.better", 0, MAX_POSITIONS)
+    if not (is_number(data["excess"]) and math.isfinite(data["excess"])):
+        _refuse(f"{where}.excess", f"must be a finite number, got {show(data['excess'])}")
+    if not (is_number(data["p"]) and math.isclose(data["p"], binomial_p(worse, better), rel_tol=1e-9,
+                                                  abs_tol=1e-300)):
+        _refuse(f"{where}.p", f"is {show(data['p'])}, but the sign test of its blocks gives "
+                f"{binomial_p(worse, better):.6g}")
+    return RungCheck(length, float(data["excess"]), worse, better, float(data["p"]))
+
+
+def _list(value: Any, where: str) -> list:
+    if not isinstance(value, list) or len(value) > 64:
+        _refuse(where, f"must be a list of at most 64 rungs, got {show(value)}")
+    return value
 
 
 def _parse_row(entry: Any, where: str, earlier: list[Row], prompts: int, middle_prompts: int) -> Row:
@@ -381,12 +545,17 @@ def _parse_row(entry: Any, where: str, earlier: list[Row], prompts: int, middle_
         if name not in allowed:
             _refuse(f"{where}.name", f"must be one of {', '.join(map(repr, allowed))} for a per-layer row, "
                     f"got {show(name)}")
+    elif kind == "per-type":
+        scales = tuple(_scales(scales, f"{where}.scales"))
+        if set(scales) != {1.0, factor}:
+            _refuse(f"{where}.scales", f"must hold its factor {factor:g} (the full-attention layers) and 1 (the "
+                    f"others), got {show(list(scales))}")
     else:
         if scales is not None:
             _refuse(f"{where}.scales", f"must be null for a {kind} row, got {show(scales)}")
-        if name != candidate_name(kind, rope_type, factor):
-            _refuse(f"{where}.name", f"is {show(name)}, but its kind and factor make it "
-                    f"{show(candidate_name(kind, rope_type, factor))}")
+    if kind != "per-layer" and name != candidate_name(kind, rope_type, factor):
+        _refuse(f"{where}.name", f"is {show(name)}, but its kind and factor make it "
+                f"{show(candidate_name(kind, rope_type, factor))}")
     if any(r.name == name for r in earlier):
         _refuse(f"{where}.name", f"{show(name)} appears twice in the table")
     verdicts = entry["verdicts"]
@@ -441,10 +610,14 @@ def _parse_ship(entry: Any, rows: list[Row]) -> Ship:
     if (row.kind, row.rope_type, row.factor) != (kind, rope_type, factor):
         _refuse("ship", f"says {kind} {rope_type} {factor}, but its row {show(name)} says "
                 f"{row.kind} {row.rope_type} {row.factor}")
-    return Ship(name, kind, rope_type, factor)
+    limit = entry.get("max_length")
+    if limit is not None:
+        _count(limit, "ship.max_length", 1, MAX_POSITIONS)
+    return Ship(name, kind, rope_type, factor, limit)
 
 
-SHIP_TYPES = {"unscaled": (None,), "uniform": ("linear",), "stock": tuple(STOCK_ROPE_TYPES), "per-layer": (None,)}
+SHIP_TYPES = {"unscaled": (None,), "uniform": ("linear",), "stock": tuple(STOCK_ROPE_TYPES), "per-type": ("linear",),
+              "per-layer": (None,)}
 
 
 def _kind_type_factor(entry: dict, where: str) -> tuple[str, str | None, float | None]:
@@ -477,7 +650,7 @@ def _object(value: Any, keys: tuple[str, ...], where: str) -> None:
     if not isinstance(value, dict):
         raise LpesError(f"spec: '{where}' must be an object, got {show(value)}")
     check_keys(value, keys, where)
-    missing = [k for k in keys if k not in value]
+    missing = [k for k in keys if k not in value and k not in OPTIONAL]
     if missing:
         raise LpesError(f"spec: '{where}' lacks {', '.join(map(repr, missing))}")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from lpes.foundation.decision import LENGTH_MARGIN, Lengths
 from lpes.foundation.files import save_atomic
 from lpes.foundation.spec import Spec, StockRope
 
@@ -175,3 +176,36 @@ def _plot_work(ax, history: list[dict]) -> None:
 
 def _per_generation(totals: Sequence[int]) -> list[int]:
     return [now - before for before, now in zip([0, *totals], totals)]
+
+
+_MARKERS = "osD^vP*X"
+
+
+def plot_lengths(lengths: Lengths, alpha: float, path: Path, shipped: str | None = None) -> Path:
+    """Each candidate's next-token loss over the unscaled model's at every rung of the decision's ladder of lengths
+    (foundation/decision.py Lengths), one line per candidate; a filled marker where it breaks."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.axhline(0.0, color="grey", linewidth=1, label="unscaled")
+    ax.axhline(LENGTH_MARGIN, color="grey", linewidth=1, linestyle=":", label=f"margin ({LENGTH_MARGIN:g} nats)")
+    for number, (name, checks) in enumerate(lengths.checks):
+        if not checks:
+            continue
+        marker = _MARKERS[number % len(_MARKERS)]
+        label = f"{name} (shipped)" if name == shipped else name
+        line, = ax.plot([r.length for r in checks], [r.excess for r in checks], marker=marker, fillstyle="none",
+                        label=label)
+        broken = [r for r in checks if r.breaks(alpha)]
+        ax.plot([r.length for r in broken], [r.excess for r in broken], linestyle="none", marker=marker,
+                color=line.get_color())
+    ax.set_xscale("log", base=2)
+    rungs = sorted({r.length for _, checks in lengths.checks for r in checks})
+    ax.set_xticks(rungs, [f"{r:,}" for r in rungs])
+    ax.minorticks_off()
+    ax.set_xlabel("prompt length (tokens); filled: significantly worse than unscaled there")
+    ax.set_ylabel("next-token loss over unscaled (nats/token)")
+    checked = "" if lengths.checked >= lengths.serve else f", checked up to {lengths.checked:,}"
+    ax.set_title(f"The decision across lengths: {lengths.search:,} (searched) to {lengths.serve:,} tokens{checked}",
+                 fontsize="medium")
+    legend_below(ax)
+    return save_figure(fig, path)

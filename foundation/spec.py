@@ -280,6 +280,16 @@ class Spec:
         was read: None in a spec written before it existed or searched with --holdout 0."""
         return parse_decision(self.provenance.get("decision"))
 
+    @property
+    def serving_limit(self) -> int | None:
+        """The longest prompt what this spec holds was checked to serve, where the decision's ladder of lengths
+        limits it below the model's own context (foundation/decision.py Lengths); None: no limit."""
+        decision = self.decision
+        if decision is None or decision.lengths is None or self.scales is None:
+            return None
+        held = decision.row_computing(self.scales, self.rope.rope_type)
+        return None if held is None else decision.lengths.limit_for(held, decision.alpha)
+
     def as_decided(self) -> Spec:
         """The spec of what the decision ships: the unscaled model, one scale or stock factor in every layer, or
         this curve; the provenance (decision included) kept. Needs the scales resolved (`for_layers`)."""
@@ -287,6 +297,8 @@ class Spec:
         layers = len(self.scales)
         if ship is None or ship.kind == "per-layer":
             return self
+        if ship.kind == "per-type":  # its row holds the scales, read off the model's layer types by the search
+            return Spec.from_scales(list(self.decision.shipped_row.scales), self.provenance)
         if ship.kind == "unscaled":
             return Spec.from_scales([1.0] * layers, self.provenance)
         rope = LINEAR_ROPE if ship.kind == "uniform" else RopeScheme(ship.rope_type)

@@ -110,6 +110,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--alpha", type=float, default=DEFAULTS.alpha, metavar="A",
                         help="the decision's significance level, in (0, 1): a more complex candidate ships only "
                         "when it beats the simpler ones at p < A (default %(default)s)")
+    parser.add_argument("--serve-length", type=int, default=None, metavar="TOKENS",
+                        help="the longest prompt the shipped model is meant to serve: each candidate is checked "
+                        "against the unscaled model at lengths doubling from the search length up to it (the "
+                        "next-token loss on a long text), one that breaks at any is not shipped, and a shorter "
+                        "limit is written into what ships (default: the model's max_position_embeddings, or the "
+                        "search length where that is longer)")
+    parser.add_argument("--beyond-trained", action="store_true",
+                        help="let --serve-length pass the model's own context")
+    parser.add_argument("--length-text", default=None, metavar="FILE",
+                        help="the UTF-8 text the length checks read (default: the Python reference manual's topics, "
+                        "which every Python has)")
+    parser.add_argument("--length-minutes", type=float, default=None, metavar="M",
+                        help="time for the length checks; the ladder stops at the last length reached, and what "
+                        "ships carries it as its limit (default: a quarter of the search's own time, at least 2)")
     parser.add_argument("--device", default=None, help="e.g. cuda:0,cuda:1 (default: every visible GPU, else cpu)")
     parser.add_argument("--dtype", default=DEFAULTS.dtype, choices=DTYPE_CHOICES,
                         help="precision of the searched model. auto (default): bfloat16 on a GPU that has it "
@@ -164,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         gpus_per_replica=args.gpus_per_replica, baselines=args.baselines, rope_type=args.rope_type,
         answer_tokens=args.answer_tokens, optimizer=args.optimizer, patience=args.patience,
         objective=args.objective, learning_rate=args.learning_rate, alpha=args.alpha, exact_scan=args.exact_scan,
+        serve_length=args.serve_length, beyond_trained=args.beyond_trained, length_text=args.length_text,
+        length_minutes=args.length_minutes,
     )
     search(args.model, args.out, options, force=args.force)
     return 0

@@ -28,6 +28,7 @@ MAX_BATCH_SIZE = 4096
 # Held-out examples: as many as a data description may ask for per gold index (validation/tasks.py); the
 # prompts they make are then held against the memory they take (search/plan.py).
 MAX_HOLDOUT = 100_000
+MAX_LENGTH_MINUTES = 10_000
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,13 @@ class SearchOptions:
     objective: str = "accuracy"
     learning_rate: float = 0.1  # --optimizer gradient: Adam's step in log-scale (search/gradient.py)
     alpha: float = 0.05  # the decision's significance level (McNemar's exact test, foundation/decision.py)
+    # The ladder of lengths (search/lengths.py): the longest prompt the shipped model serves (None: the model's
+    # max_position_embeddings, or the search length where that is longer), checked from the search length up.
+    serve_length: int | None = None
+    beyond_trained: bool = False  # --serve-length may pass the model's own context
+    length_text: str | None = None  # the probe's text (a UTF-8 file); None: the built-in one (length_probe.py)
+    # The ladder's time; None: a quarter of the search's own time before it (at least LADDER_MIN_SECONDS).
+    length_minutes: float | None = None
 
 
 # Linear scales from 0.5 to 4: compression as well as Ms-PoE's 1.2-1.8 and context extension's 2-4x. Below 1
@@ -125,6 +133,9 @@ def check_options(options: SearchOptions) -> tuple[ScaleGrid, GASettings]:
         raise LpesError(f"--holdout must be at most {MAX_HOLDOUT}, got {options.holdout}")
     check_alpha(options.alpha)
     _check_range("--batch-size", options.batch_size, 1, MAX_BATCH_SIZE)
+    minutes = options.length_minutes
+    if minutes is not None and not (isinstance(minutes, (int, float)) and 0 < minutes <= MAX_LENGTH_MINUTES):
+        raise LpesError(f"--length-minutes must be in (0, {MAX_LENGTH_MINUTES}], got {minutes!r}")
     if options.dtype not in DTYPE_CHOICES:
         raise LpesError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, got {options.dtype!r}")
     _check_devices(options.device)

@@ -3,8 +3,7 @@ tokenizer read, before a replica loads a weight (`plan_search` -> `SearchPlan`, 
 
 from __future__ import annotations
 
-import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from itertools import zip_longest
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from lpes.search.ga import GASettings
 from lpes.search.genome import ScaleGrid, SearchSpace
 from lpes.search.objective import gold_weights
 from lpes.search.options import SearchOptions, check_options, resolve_dtype
+from lpes.validation.length_probe import BLOCK
 
 
 @dataclass
@@ -38,6 +38,20 @@ class SearchPlan:
     dtype: str  # resolved: "auto" never reaches a replica
     checkpoint: Path
     weights: list[float]  # per calibration example, its weight in the logprob objective (search/objective.py)
+    notes: list[str] = field(default_factory=list)  # lines said once every check has held (search/run.py)
+    ladder: LadderPlan | None = None  # the lengths the decision is checked at beyond the search length
+
+
+@dataclass(frozen=True)
+class LadderPlan:
+    """The ladder of lengths (search/lengths.py), resolved at plan time: its ends and the probe's tokens."""
+
+    search: int  # the longest calibration prompt with its answer's budget, in tokens
+    serve: int  # --serve-length, resolved
+    trained: int  # the model's max_position_embeddings
+    ids: list[int] | None  # the probe text's first `serve` tokens; None: no text reached that far
+    probe: str  # what the probe reads, in words
+    unreadable: str | None = None  # why no text could be used (`ids` None)
 
 
 def plan_search(model: str, out: Path, options: SearchOptions, force: bool) -> SearchPlan:
@@ -80,9 +94,11 @@ def plan_search(model: str, out: Path, options: SearchOptions, force: bool) -> S
     every = examples + held_out_data  # prompts and answers apart: an answer that encodes to nothing is named
     check_vocabulary(tokenizer, [e.prompt for e in every] + [e.answer for e in every], "--data",
                      model_label(str(model)))
-    holdout = _held_out_examples(held_out_data, options.holdout)
+    notes: list[str] = []
+    holdout = _held_out_examples(held_out_data, options.holdout, notes)
     check_positions([(e.gold_index, e.num_pairs) for e in holdout], "--data (held out)")
     lengths = _lengths(tokenizer, examples)
+    ladder = _ladder(config, tokenizer, max(n for _, n in lengths), options, [e.prompt for e in every])
     _check_scheme_reaches(config, rope, grid, max(n for _, n in lengths))
     if options.optimizer == "gradient":
         from lpes.search.gradient import check_gradient_search
@@ -91,10 +107,59 @@ def plan_search(model: str, out: Path, options: SearchOptions, force: bool) -> S
         _check_backward_memory(config, [budget for _, budget in lengths], options)
     _check_forward_memory(config, max(n for _, n in lengths), options, greedy=task.answer_tokens is not None)
     if note := dtype_note(model_path, resolve_dtype(options)):  # weights stored unlike config.json says
-        print(f"lpes-search: {note}", file=sys.stderr)
+        notes.append(note)
     return SearchPlan(model, out, model_path, config, rope, task, examples, holdout, lengths,
                  tokenizer, grid, space, settings, resolve_dtype(options), out.with_name(out.name + ".state.json"),
-                 gold_weights([e.gold_index for e in examples]))
+                 gold_weights([e.gold_index for e in examples]), notes, ladder)
+
+
+def _ladder(config, tokenizer, search: int, options: SearchOptions, prompts: list[str]) -> LadderPlan | None:
+    """--serve-length resolved and checked; the probe's tokens up to it (None: no rung beyond the search).
+
+    Without --length-text the probe reads the built-in text, or where the tokenizer cannot (the bundled models'
+    own vocabularies) the task's `prompts`; where neither reaches the serving length the ladder has no tokens
+    (`ids` None) and the decision is checked at the search length only, which then limits what ships."""
+    from lpes.search.lengths import check_serve_length, rungs
+    from lpes.validation.length_probe import TEXT_NAME, builtin_text, probe_ids, read_text
+    from lpes.validation.sizes import trained_positions
+
+    trained = trained_positions(config) or search
+    default = max(trained, search)
+    serve = check_serve_length(default if options.serve_length is None else options.serve_length, search, trained,
+                               options.beyond_trained)
+    if not rungs(search, serve):
+        return None
+    _check_ladder_memory(config, serve, options)
+    if options.length_text is not None:  # the user's own: it must serve
+        ids = probe_ids(tokenizer, serve, _prefix(read_text(options.length_text), serve), "--length-text")
+        return LadderPlan(search, serve, trained, ids, _probe_words("--length-text"))
+    why = []
+    for text, where in ((builtin_text(), TEXT_NAME), (" ".join(prompts), "the task's prompts")):
+        try:
+            return LadderPlan(search, serve, trained, probe_ids(tokenizer, serve, _prefix(text, serve), where),
+                              _probe_words(where))
+        except LpesError as err:
+            why.append(str(err).split("; give")[0])
+    return LadderPlan(search, serve, trained, None, _probe_words(TEXT_NAME), " and ".join(why))
+
+
+def _probe_words(where: str) -> str:
+    return f"next-token loss on {where}, blocks of {BLOCK} tokens"
+
+
+def _prefix(text: str, tokens: int) -> str:
+    """Enough of `text` for `tokens` tokens (about 4 characters each, 16 to spare), cut where a word ends."""
+    return text if len(text) <= tokens * 16 else text[:tokens * 16].rsplit(None, 1)[0]
+
+
+def _check_ladder_memory(config, serve: int, options: SearchOptions) -> None:
+    """The probe's longest pass, one row of `serve` tokens with its KV cache, must fit (its activations are a
+    chunk's at a time, so this errs on the safe side)."""
+    from lpes.converter.loading import dtype_bytes
+    from lpes.validation.sizes import check_forward_memory
+
+    check_forward_memory(config, serve, serve, dtype_bytes(resolve_dtype(options)), _device_memory(options),
+                         "--serve-length")
 
 
 def _check_scheme_reaches(config, rope: RopeScheme, grid: ScaleGrid, longest: int) -> None:
@@ -191,12 +256,12 @@ def _held_out_task(task, holdout: int):
     return replace(task, examples_per_index=max(task.examples_per_index, per_index))
 
 
-def _held_out_examples(examples: list, count: int) -> list:
-    """`_across_positions`, saying so in one line when the data holds fewer than --holdout asks for."""
-    if len(examples) < count:
+def _held_out_examples(examples: list, count: int, notes: list[str] | None = None) -> list:
+    """`_across_positions`, saying so in one line (in `notes`) when the data holds fewer than --holdout asks for."""
+    if len(examples) < count and notes is not None:
         per_index = len(examples) // max(1, gold_count(examples))
-        print(f"lpes-search: --holdout {count}: the held-out data holds {len(examples)} examples ({per_index} per "
-              f"gold index x {gold_count(examples)}); using {len(examples)}", file=sys.stderr)
+        notes.append(f"--holdout {count}: the held-out data holds {len(examples)} examples ({per_index} per "
+                     f"gold index x {gold_count(examples)}); using {len(examples)}")
     return _across_positions(examples, count)
 
 

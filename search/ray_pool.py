@@ -103,6 +103,10 @@ class RayPool:
         [texts] = self._run_all([lambda actor: actor.greedy_texts.remote(scales, examples)])
         return texts
 
+    def token_losses(self, scales: Candidate, ids: list[int], max_seconds: float | None) -> list[float]:
+        [losses] = self._run_all([lambda actor: actor.token_losses.remote(scales, ids, max_seconds)])
+        return losses
+
     def set_examples(self, examples: list[Example]) -> None:
         self._args["examples"] = self._ray.put(examples)  # what a replacement actor loads
         self._ray.get([actor.set_examples.remote(self._args["examples"]) for actor in self._actors])

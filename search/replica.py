@@ -111,6 +111,16 @@ class Replica:
                                 **self._wide(scales))
         return [r.correct for r in scores.results]
 
+    def token_losses(self, scales: Candidate, ids: list[int], max_seconds: float | None) -> list[float]:
+        """The next-token loss at each position of `ids` under `scales` (validation/length_probe.py), stopping
+        after the chunk that passes `max_seconds` (None: the whole sequence)."""
+        from lpes.validation.length_probe import token_losses
+
+        self._use(scales)
+        deadline = None if max_seconds is None else time.perf_counter() + max_seconds
+        return token_losses(self.model, ids, keep_going=None if deadline is None
+                            else lambda _: time.perf_counter() < deadline)
+
     def _wide(self, candidate: Candidate) -> dict:
         """greedy_correct's batching where every verdict asked for is needed (held out, or a racing chunk its
         runner cannot be dropped within): batches of WIDE_BATCHES x --batch-size share each decode step's weight

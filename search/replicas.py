@@ -55,6 +55,10 @@ class ReplicaPool(Protocol):
         """What the model writes on `examples` under `scales` (greedy), on one replica."""
         ...
 
+    def token_losses(self, scales: Candidate, ids: list[int], max_seconds: float | None) -> list[float]:
+        """Next-token losses of `scales` along `ids`, within `max_seconds`, on one replica (search/lengths.py)."""
+        ...
+
     def set_examples(self, examples: list[Example]) -> None:
         """Every replica, and any that replaces one, scores these examples from now on (the same ids)."""
         ...
@@ -146,6 +150,9 @@ class LocalPool:
 
     def greedy_texts(self, scales: Candidate, examples: list[Example]) -> list[str]:
         return self.replicas[0].greedy_texts(scales, examples)
+
+    def token_losses(self, scales: Candidate, ids: list[int], max_seconds: float | None) -> list[float]:
+        return self.replicas[0].token_losses(scales, ids, max_seconds)
 
     def set_examples(self, examples: list[Example]) -> None:
         for replica in self.replicas:

@@ -43,6 +43,8 @@ from lpes.search.replicas import ReplicaPool, open_pool
 # Where scoring ran changes neither the result nor what may resume it; the spec records the
 # layout apart (provenance["replicas"]), without the machine's addresses or device names.
 _NO_LAYOUT = {"device": None, "ray": None, "replicas": None, "gpus_per_replica": None}
+# The ladder of lengths' default time: a quarter of the search's own (issue 50: at most +25%), at least 2 minutes.
+LADDER_SHARE, LADDER_MIN_SECONDS = 0.25, 120.0
 
 
 def search_loop(plan: SearchPlan, options: SearchOptions, evaluator: ModelEvaluator, settings: GASettings,
@@ -76,7 +78,7 @@ def search(model: str, out: str | Path, options: SearchOptions = SearchOptions()
     check_options(options)
     path = check_output_file(out, force)
     room = check_files_beside(path, [path.name, path.name + ".state.json", path.stem + "_curve.png",
-                                     path.stem + "_fitness.png"], SEARCH_OUTPUT_BYTES)
+                                     path.stem + "_fitness.png", path.stem + "_lengths.png"], SEARCH_OUTPUT_BYTES)
     with locked_output(path):
         return _search(model, path, options, force, progress, room)
 
@@ -103,6 +105,8 @@ def _search(model: str, out: Path, options: SearchOptions, force: bool, progress
     started = time.time()
     # The resolved dtype, not "auto", decides what may resume: float32 and bfloat16 runs score differently.
     state = _resume(plan.checkpoint, replace(options, dtype=plan.dtype), plan.model_path, force)
+    for note in plan.notes:  # said only now that every check has held: a refusal above is the only line
+        print(f"lpes-search: {note}", file=sys.stderr)
     print(f"lpes-search: plan: {room}", file=sys.stderr)  # every check held: what it writes, and the room for it
     found = _run(plan, options, state, progress)
     spec = replace(found.spec, provenance=_provenance(plan, options, found))
@@ -114,6 +118,7 @@ def _search(model: str, out: Path, options: SearchOptions, force: bool, progress
 
 def _run(plan: SearchPlan, options: SearchOptions, state: SearchState | None, progress: bool) -> _Found:
     """Open the replicas; search (the uniform scan first), score the stock baselines and the held-out examples."""
+    started = time.perf_counter()
     key = _settings_key(replace(options, dtype=plan.dtype), plan.model_path)
     layers = plan.config.num_hidden_layers
     pool = open_pool(plan.model_path, plan.tokenizer, plan.examples, method=options.method,
@@ -147,7 +152,7 @@ def _run(plan: SearchPlan, options: SearchOptions, state: SearchState | None, pr
                                               max(n for _, n in plan.lengths), plan.weights)
         if not plan.rope.linear:  # the uniform scan was this stock type's own scan, raced the same way
             baselines.insert(0, _uniform_as_stock(plan.rope, state, plan.grid))
-        held_out = _held_out(pool, plan.holdout, spec, state, baselines, options.alpha, progress)
+        held_out = _held_out(pool, plan, spec, state, baselines, options, progress, time.perf_counter() - started)
         _warn_stretched_windows(plan, held_out)
         if plan.task.answer_tokens is None:  # the one-pass check credits an answer only if it starts with the value
             said = _answers_sample(pool, plan.tokenizer, plan.examples[:8], layers, 8)
@@ -341,9 +346,10 @@ def _score(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
-def _held_out(pool: ReplicaPool, examples, best: Spec, state: SearchState, baselines: list[BaselineResult],
-              alpha: float, progress: bool) -> dict:
-    """Greedy verdicts (the benchmark's test) of every candidate on the held-out examples, and the decision.
+def _held_out(pool: ReplicaPool, plan: SearchPlan, best: Spec, state: SearchState, baselines: list[BaselineResult],
+              options: SearchOptions, progress: bool, seconds_so_far: float) -> dict:
+    """Greedy verdicts (the benchmark's test) of every candidate on the held-out examples, each candidate on the
+    ladder of lengths (search/lengths.py), and the decision.
 
     The candidates, simplest first: unscaled, the best uniform scale, each stock baseline, the per-layer
     curve; one that computes what an earlier one does (a curve equal to the uniform scale) is not scored
@@ -351,9 +357,11 @@ def _held_out(pool: ReplicaPool, examples, best: Spec, state: SearchState, basel
     """
     from lpes.foundation.decision import decide, format_table, in_middle
 
+    examples, alpha = plan.holdout, options.alpha
+
     if not examples:
         return {"examples": 0, "unscaled": None, "lpes": None, "decision": None}  # null, not NaN: the spec is JSON
-    candidates = _candidates(best, state, baselines)
+    candidates = _candidates(best, state, baselines, plan.config)
     verdicts: dict[str, tuple[bool, ...]] = {}
     scored = []
     for number, (candidate, entry) in enumerate(candidates, 1):
@@ -365,8 +373,17 @@ def _held_out(pool: ReplicaPool, examples, best: Spec, state: SearchState, basel
             verdicts[key] = tuple(pool.greedy_verdicts(candidate, examples))
         scored.append(Candidate(**entry, verdicts=verdicts[key]))
     middle = [in_middle(e.gold_index, e.num_pairs) for e in examples]
-    decision = decide(_distinct(scored), middle, alpha)
-    for line in format_table(decision):
+    lengths = None
+    if plan.ladder is not None:
+        from lpes.search.lengths import run_ladder
+
+        ladder, named = plan.ladder, list({entry["name"]: (entry["name"], c) for c, entry in candidates}.values())
+        budget = (options.length_minutes * 60 if options.length_minutes is not None
+                  else max(LADDER_MIN_SECONDS, LADDER_SHARE * seconds_so_far))
+        lengths = run_ladder(pool, named, ladder.ids, ladder.search, ladder.serve, ladder.trained, budget,
+                             ladder.probe, progress, ladder.unreadable)
+    decision = decide(_distinct(scored), middle, alpha, lengths)
+    for line in format_table(decision, escape=False):
         print(f"lpes-search: {line}" if line else "", file=sys.stderr)
     curve = verdicts.get(repr(_as_candidate(best)))
     if curve is None:  # a curve of one scale off the grid's scan (a resumed older search): scored as itself
@@ -399,14 +416,22 @@ def _warn_stretched_windows(plan: SearchPlan, held_out: dict) -> None:
             print(f"lpes-search: {line}", file=sys.stderr)
 
 
-def _candidates(best: Spec, state: SearchState, baselines: list[BaselineResult]) -> list[tuple[Any, dict]]:
-    """(what a replica scores, the decision's fields) of every candidate, simplest first."""
+def _candidates(best: Spec, state: SearchState, baselines: list[BaselineResult],
+                config) -> list[tuple[Any, dict]]:
+    """(what a replica scores, the decision's fields) of every candidate, simplest first. On a model with
+    sliding-window and full-attention layers (Gemma 3), the best uniform scale on the full-attention layers alone
+    is a candidate too: a stock config there, and a sliding window it does not stretch (issue 50)."""
     layers = len(best.scales)
     out: list[tuple[Any, dict]] = [((1.0,) * layers, {"name": candidate_name("unscaled"), "kind": "unscaled"})]
     uniform = state.uniform["scale"] if best.rope.linear and state.uniform else None
     if uniform is not None and uniform != 1.0:
         out.append(((float(uniform),) * layers, {"name": candidate_name("uniform", "linear", float(uniform)),
                                                  "kind": "uniform", "rope_type": "linear", "factor": float(uniform)}))
+    types = list(getattr(config, "layer_types", None) or [])
+    if uniform is not None and uniform != 1.0 and {"full_attention", "sliding_attention"} <= set(types):
+        scales = tuple(float(uniform) if t == "full_attention" else 1.0 for t in types)
+        out.append((scales, {"name": candidate_name("per-type", "linear", float(uniform)), "kind": "per-type",
+                             "rope_type": "linear", "factor": float(uniform), "scales": scales}))
     for b in baselines:
         stock = StockRope(b["rope_type"], float(b["factor"]))
         out.append((stock, {"name": candidate_name("stock", stock.rope_type, stock.factor), "kind": "stock",
@@ -427,7 +452,7 @@ def _distinct(candidates: list) -> list:
 
 
 def _write_outputs(spec: Spec, state: SearchState, out: Path) -> None:
-    from lpes.foundation.plots import plot_curve, plot_fitness
+    from lpes.foundation.plots import plot_curve, plot_fitness, plot_lengths
 
     dump_spec(spec, out)
     plot_curve(spec, out.with_name(out.stem + "_curve.png"), title="LPES curve found by lpes-search")
@@ -436,6 +461,9 @@ def _write_outputs(spec: Spec, state: SearchState, out: Path) -> None:
     plot_fitness(state.history, out.with_name(out.stem + "_fitness.png"), uniform=uniform,
                  examples=len(state.failures), model=spec.base_model,  # failures: one count per example
                  stock=spec.provenance["search"]["stock_baselines"], objective=objective)
+    if spec.decision is not None and spec.decision.lengths is not None:
+        plot_lengths(spec.decision.lengths, spec.decision.alpha, out.with_name(out.stem + "_lengths.png"),
+                     spec.decision.ship.name)
 
 
 class _Reporter:

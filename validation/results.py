@@ -103,7 +103,10 @@ class ValidationReport:
     def verdict_line(self) -> str:
         """The verdict in one line: what held, what failed, or what did not run."""
         if self.verdict == PASSED:
-            return "**passed**"
+            worse = self.significantly_worse()
+            return "**passed**" if worse is None else (
+                f"**what ships answers significantly below the unscaled model on these prompts** ({worse}); "
+                "**passed** as a conversion: every export answers as the reference")
         if self.verdict == FAILED:
             return "**FAILED**: " + self.verdict_reason()
         return (f"**not validated**: {self.verdict_reason()} (every check that ran held; what did not run was not "
@@ -119,6 +122,21 @@ class ValidationReport:
             return None
         return (f"the LPES curve makes this model WORSE: {100 * after:.1f}% with it, {100 * before:.1f}% "
                 "unscaled (the exports agreeing with the reference does not make the curve good)")
+
+    def significantly_worse(self) -> str | None:
+        """What ships (the reference) against the unscaled model on these prompts, where McNemar's exact test
+        finds it worse at the decision's alpha: "0.0% vs 21.5% unscaled, 0/43 prompts, p = 2e-13"."""
+        from lpes.foundation.decision import DEFAULT_ALPHA, mcnemar
+
+        names = {v.name for v in self.variants if v.scores is not None}
+        if not {UNSCALED, REFERENCE} <= names:
+            return None
+        this, base = (tuple(r.correct for r in self.variant(n).scores.results) for n in (REFERENCE, UNSCALED))
+        only_this, only_base, p = mcnemar(this, base)
+        if only_base <= only_this or p >= (self.decision.alpha if self.decision else DEFAULT_ALPHA):
+            return None
+        return (f"{100 * sum(this) / len(this):.1f}% vs {100 * sum(base) / len(base):.1f}% unscaled, "
+                f"{only_this}/{only_base} prompts right only with it / only unscaled, p = {p:.2g}")
 
     def beaten(self) -> str | None:
         """A plain sentence when a baseline answers more examples than the LPES curve does."""

@@ -39,6 +39,12 @@ NGRAM_DRAFT = 8  # tokens a looked-up draft proposes: a wrong one costs a wider 
 FULL = "full_attention"  # transformers' layer_types name of a layer that attends to every position before it
 
 
+
+def cache_keyword(model) -> str:
+    """The name forward takes its KV cache by: transformers renamed `past_key_values` to `cache` (5.25 warns on
+    the old name; 5.17 knows only it)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
 class DraftPool:
     """The answers given so far, the latest first: drafts for the next candidate's answers.
 
@@ -124,8 +130,7 @@ class SharedPrefixGreedy:
                  drafts: DraftPool | None = None):
         self.model, self.pad_token_id, self.prefill_tokens = model, pad_token_id, prefill_tokens
         self.drafts = drafts if drafts is not None else DraftPool()
-        # transformers renamed forward's `past_key_values` to `cache` (5.25 warns on the old name; 5.17 knows only it).
-        self._cache_keyword = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self._cache_keyword = cache_keyword(model)
 
     def greedy(self, input_ids: list[list[int]], max_new_tokens: int,
                eos_token_id: int | list[int] | None) -> list[list[int]]:
