@@ -3,7 +3,8 @@
 `gpu_info` asks the CUDA driver itself (libcuda), not a framework: torch, onnxruntime-gpu and
 tensorrt can each be installed on a machine without a GPU (and onnxruntime-gpu lists its CUDA
 provider there all the same), so no libcuda, or a driver that reports no device, means no GPU.
-`check_device` is every command's --device (default: cuda when there is one, else cpu),
+`check_device` is every command's --device (default: cuda when there is one, else cpu; `check_device_name`
+its spelling alone, before torch loads),
 `requested_devices` lpes-search's list of them, `default_dtype` the precision a device gets
 by default, and `format_bytes` the one way lpes writes a size (binary units: KiB, MiB, GiB).
 """
@@ -11,6 +12,7 @@ by default, and `format_bytes` the one way lpes writes a size (binary units: KiB
 from __future__ import annotations
 
 import ctypes
+import re
 from dataclasses import dataclass
 
 from lpes.foundation.errors import LpesError
@@ -45,6 +47,15 @@ def gpu_info() -> GpuInfo | None:
     cuda.cuDeviceGetAttribute(ctypes.byref(major), _COMPUTE_CAPABILITY_MAJOR, device)
     cuda.cuDeviceGetAttribute(ctypes.byref(minor), _COMPUTE_CAPABILITY_MINOR, device)
     return GpuInfo(name.value.decode(errors="replace"), f"{major.value}.{minor.value}")
+
+
+def check_device_name(name: str | None) -> None:
+    """--device as written, without torch (a second, where check_device imports torch): a device type lpes
+    runs on, with an optional index. check_device, later, asks the machine whether it has one."""
+    if name is None:
+        return
+    if not re.fullmatch(r"(cpu|cuda|mps)(:[0-9]+)?", name):
+        raise LpesError(f"--device {name!r} is not a device lpes runs on (cpu, cuda, cuda:1, mps)")
 
 
 def check_device(name: str | None) -> str:

@@ -189,7 +189,7 @@ def _validate(argv: list[str] | None) -> int:
     from lpes.converter.weights_dtype import dtype_note
     from lpes.exporters.received import check_received_folder
     from lpes.exporters.targets import find_spec
-    from lpes.foundation.devices import check_device, default_dtype
+    from lpes.foundation.devices import check_device, check_device_name, default_dtype
     from lpes.search.options import check_answer_tokens
     from lpes.validation.report_room import check_report_room
 
@@ -199,10 +199,11 @@ def _validate(argv: list[str] | None) -> int:
     if not args.dir.is_dir():
         raise LpesError(f"{shown(args.dir)} is not a folder" if args.dir.exists()
                         else f"folder not found: {shown(args.dir)}")
+    spec = find_spec(args.dir)  # no spec, or a bad one: refused before the checks below import transformers
+    check_device_name(args.device)  # a mistyped --device too (check_device, after torch, asks the machine)
     check_hub_code(args.dir)  # before anything imports the folder's code (converter/trust.py)
     check_received_folder(args.dir)  # and before a runtime opens a file or library it names (exporters/received.py)
     plan_line = check_report_room(args.dir)  # before any prompt is scored (validation/report_room.py)
-    spec = find_spec(args.dir)
     model = args.model or spec.provenance.get("base_model") or DEFAULT_MODEL
     model_path = resolve_model(model)
     from lpes.validation.report import validate  # torch and the scoring stack: after the checks that need neither

@@ -61,7 +61,7 @@ class ConvertPlan:
     push_to_hub: str | None = None
     data: str | None = None
     max_validation_seconds: float | None = None
-    notes: list[str] = field(default_factory=list)  # said before any work starts
+    notes: list[str] = field(default_factory=list)  # said before any work starts, once every check has held
     chat_template: bool | None = None
     answer_tokens: int | None = None
     shown_model: str = ""  # the model as the user typed it (the commands the report prints name it so)
@@ -101,14 +101,13 @@ def plan(options: ConvertOptions) -> ConvertPlan:
 
     config = load_config(model_path)
     spec = spec.for_layers(config.num_hidden_layers)
-    _warn_if_made_for_another_model(spec, config, model_path, options.model)
+    warnings = [_warn_if_made_for_another_model(spec, config, model_path, options.model)]  # said once all checks held
     check_layout(config)
     spec, ship_note = shipped_spec(spec, options.ship, config, model_label(options.model))
     if spec.search_task and spec.search_task.prompt_tokens:  # a curve is specific to the length it was searched at
         from lpes.converter.architectures import window_warning
 
-        if line := window_warning(config, spec.scales, spec.search_task.prompt_tokens[1], "the shipped scaling"):
-            _progress(line)
+        warnings.append(window_warning(config, spec.scales, spec.search_task.prompt_tokens[1], "the shipped scaling"))
     check_rope_scheme(config, spec.rope)  # per-layer yarn/dynamic need a model whose own RoPE is plain
     if out is None:  # a hub model's folder is known once downloaded
         out = check_output_folder(options.out, model_path, options.force, inputs)
@@ -137,7 +136,7 @@ def plan(options: ConvertOptions) -> ConvertPlan:
     room = check_folder_room(out, sum(t.output_bytes(out) for t in targets))  # writable, with room (preflight.py)
     notes = [f"plan: {room}", ship_note, dtype_note(model_path, options.dtype), *(t.plan_note() for t in targets),
              task.override if task else None]
-    notes = [note for note in notes if note]
+    notes = [note for note in notes + warnings if note]
     return ConvertPlan(job, out, targets, force=options.force, push_to_hub=options.push_to_hub, data=options.data,
                        max_validation_seconds=options.max_validation_seconds, notes=notes,
                        chat_template=options.chat_template, answer_tokens=options.answer_tokens,
@@ -186,11 +185,11 @@ def _marked(spec: Spec, ship: str, what: str) -> Spec:
     return replace(spec, provenance={**spec.provenance, "shipped": {"ship": ship, "what": what}})
 
 
-def _warn_if_made_for_another_model(spec: Spec, config, model_path: Path, model_name: str) -> None:
-    """A curve searched on one model may be applied to another on purpose; say so in one line, do not refuse."""
+def _warn_if_made_for_another_model(spec: Spec, config, model_path: Path, model_name: str) -> str | None:
+    """A curve searched on one model may be applied to another on purpose: the line that says so (a note of the
+    plan, said after every check has held; not a refusal)."""
     line = searched_elsewhere(spec.searched_model, model_path, config, model_name)
-    if line:
-        _progress(f"warning: {line}")
+    return f"warning: {line}" if line else None
 
 
 def _with_provenance(spec: Spec, config, model_path: Path, model_name: str) -> Spec:

@@ -38,19 +38,21 @@ def generate_text(onnx_dir: Path, prompt: str, max_new_tokens: int = 64, provide
     _warn_past_positions(onnx_dir, 0, max_new_tokens)  # --max-new-tokens 1000000000: refused before any work
     tokenizer = load_tokenizer(onnx_dir)
     check_vocabulary(tokenizer, [prompt], "the prompt")  # before the session loads: one line, not a traceback
+    notes = []  # said once every check has held: a refusal is the only line
     if chat_template and has_chat_template(tokenizer):
         prompt = wrap_chat(prompt, tokenizer)
-        print("lpes-generate: the prompt goes in as the user turn of the model's chat template "
-              "(--no-chat-template: as typed)", file=sys.stderr)
+        notes.append("the prompt goes in as the user turn of the model's chat template (--no-chat-template: as typed)")
     ids = encode_prompt(tokenizer, prompt)
-    _warn_past_positions(onnx_dir, len(ids), max_new_tokens)
+    notes.append(_warn_past_positions(onnx_dir, len(ids), max_new_tokens))
     lm = OrtCausalLM(onnx_dir, provider)
+    for note in filter(None, notes):
+        print(f"lpes-generate: {note}", file=sys.stderr)
     new = lm.greedy([ids], max_new_tokens, _eos_token_id(onnx_dir, tokenizer))[0]
     return tokenizer.decode(new, skip_special_tokens=True)
 
 
-def _warn_past_positions(onnx_dir: Path, prompt_tokens: int, max_new_tokens: int) -> None:
-    """One line when generation may run past the positions the model was trained on (config.json); LpesError
+def _warn_past_positions(onnx_dir: Path, prompt_tokens: int, max_new_tokens: int) -> str | None:
+    """The line to say when generation may run past the positions the model was trained on (config.json); LpesError
     past those its scales cover (trained x the largest scale of lpes_spec.json), or past MAX_POSITIONS."""
     from lpes.foundation.files import read_json_object
 
@@ -68,9 +70,9 @@ def _warn_past_positions(onnx_dir: Path, prompt_tokens: int, max_new_tokens: int
         raise LpesError(f"{what} would reach position {last}, past the {covered} this model covers ({why}); "
                         "lower --max-new-tokens or shorten the prompt")
     if trained and last > trained and prompt_tokens:
-        print(f"lpes-generate: note: the prompt ({prompt_tokens} tokens) + {max_new_tokens} new tokens may reach "
-              f"position {last}, past the {trained} the model was trained on (max_position_embeddings)",
-              file=sys.stderr)
+        return (f"note: the prompt ({prompt_tokens} tokens) + {max_new_tokens} new tokens may reach position {last}, "
+                f"past the {trained} the model was trained on (max_position_embeddings)")
+    return None
 
 
 # Positions lpes-generate goes to at most (a KV cache this long is gigabytes even for a small model).

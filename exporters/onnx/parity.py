@@ -13,8 +13,15 @@ A top-1 difference is excused only at a near-tie: when the reference's own margi
 between the two tokens is within the dtype's tolerance, precision cannot decide it
 (and in float32 that tolerance is 1e-4). Generation of that row stops being compared there.
 
-Finally, if any scale differs from 1, the export must differ from the *unscaled*
-model by more than the tolerance, so an export that silently lost the scales fails.
+Finally, where the spec differs from the *unscaled* model, the export must differ from it by more
+than the tolerance, so an export that silently lost the scales fails. It is compared at a length
+where the spec differs (`unscaled_length`): the 64-token prompt for linear and YaRN scales other
+than 1; for dynamic NTK, which is the unscaled model up to max_position_embeddings (N) at any
+factor, a prompt of max(64, 2N) positions, where the export must also match the reference. Where
+that prompt would be longer than MAX_UNSCALED_POSITIONS (a real model, N in the thousands), where
+every scale is 1 under linear or YaRN (the unscaled model itself), or where the reference itself is
+within the tolerance of the unscaled model there (a scale of 1.001 in float16), the report says the
+check does not apply, and why: a correct export never fails it.
 """
 
 from __future__ import annotations
@@ -57,7 +64,11 @@ CASES = (
     ("prefill 1, batch 3", (1, 1, 1)),
     ("prefill 64, batch 3, left padding", (64, 40, 1)),
 )
+CASE_LENGTH = max(max(lengths) for _, lengths in CASES)  # the longest prompt of the cases
 LONG_CASE = "prefill 64, batch 1"  # where the unscaled model is compared: the farthest positions
+# The longest prompt the unscaled comparison prefills (dynamic NTK past its trained length): a few times the
+# cases' own work on a tiny model; a real model's 2 x max_position_embeddings would cost minutes and gigabytes.
+MAX_UNSCALED_POSITIONS = 1024
 
 
 @dataclass
@@ -93,9 +104,11 @@ class ParityReport:
     cases: list[CaseResult]
     max_abs_error: float
     max_rel_error: float
-    # max |onnx - unscaled reference| on the 64-token prompt; None when every scale is 1.
+    # max |onnx - unscaled reference| at `unscaled_positions`; None where the check does not apply.
     unscaled_difference: float | None
     failures: list[str]
+    unscaled_positions: int | None = None  # the prompt length compared (None: the check did not apply)
+    unscaled_note: str = ""  # why it did not apply; or, past the cases' lengths, the error against the reference
 
     def to_json(self) -> dict:
         out = asdict(self)
@@ -118,9 +131,11 @@ class ParityReport:
                 f"{case.top1_agreement:>9.1%}   {greedy}"
             )
         if self.unscaled_difference is None:
-            lines.append("  every scale is 1.0: nothing distinguishes the export from the unscaled model")
+            lines.append(f"  export vs unscaled model: does not apply: {self.unscaled_note}")
         else:
-            lines.append(f"  export vs unscaled model: max |logit difference| {self.unscaled_difference:.3g}")
+            note = f"; {self.unscaled_note}" if self.unscaled_note else ""
+            lines.append(f"  export vs unscaled model at {self.unscaled_positions} positions: max |logit difference| "
+                         f"{self.unscaled_difference:.3g}{note}")
         lines += [f"  FAIL: {failure}" for failure in self.failures]
         return "\n".join(lines)
 
@@ -144,17 +159,31 @@ def check_parity(model_path: Path, spec: Spec, onnx_dir: Path, dtype: str, num_t
     tolerance = TOLERANCES[dtype]
     prompts = _prompts(config)
 
+    length, why_not = unscaled_length(spec, config)
+
     with torch.no_grad():
         cases = [_check_case(model, runner, name, prompts[name], num_tokens, tolerance) for name, _ in CASES]
-        unscaled = _unscaled_difference(model, runner, spec, prompts[LONG_CASE])
+        if length is not None:  # dynamic NTK: a prompt past the trained length, not the cases'
+            rows = prompts[LONG_CASE] if length == CASE_LENGTH else _long_prompt(config, length)
+            unscaled = _unscaled_difference(model, runner, spec, rows, tolerance)
 
     failures = [f"{case.name}: {failure}" for case in cases for failure in case.failures]
-    if unscaled is not None:
-        bound = next(case.bound for case in cases if case.name == LONG_CASE)
-        if not unscaled > bound:
+    note, difference = why_not or "", None
+    if length is not None and not unscaled.reference > unscaled.bound:
+        length, note = None, (f"at {unscaled.positions} positions the reference itself is within the tolerance of "
+                              f"the unscaled model (max difference {unscaled.reference:.2e} <= {unscaled.bound:.2e})")
+    if length is not None:
+        difference = unscaled.export
+        if length > CASE_LENGTH:  # no case reached these positions: the export is held to the reference there
+            note = f"vs the reference there {unscaled.export_vs_reference:.2e}"
+            if unscaled.export_vs_reference > unscaled.bound:
+                failures.append(f"prefill {length}, batch 1: logits differ by {unscaled.export_vs_reference:.2e} "
+                                f"> {unscaled.bound:.2e}")
+        if not difference > unscaled.bound:
             failures.append(
-                f"the export is indistinguishable from the unscaled model (max difference {unscaled:.2e} "
-                f"<= {bound:.2e}) although the scales are not all 1: were the scales lost?"
+                f"the export is indistinguishable from the unscaled model at {length} positions (max difference "
+                f"{difference:.2e} <= {unscaled.bound:.2e}) although the reference differs from it there by "
+                f"{unscaled.reference:.2e}: were the scales lost?"
             )
     return ParityReport(
         passed=not failures,
@@ -168,9 +197,41 @@ def check_parity(model_path: Path, spec: Spec, onnx_dir: Path, dtype: str, num_t
         cases=cases,
         max_abs_error=max(case.max_abs_error for case in cases),
         max_rel_error=max(case.max_rel_error for case in cases),
-        unscaled_difference=unscaled,
+        unscaled_difference=difference,
         failures=failures,
+        unscaled_positions=length,
+        unscaled_note=note,
     )
+
+
+def unscaled_length(spec: Spec, config) -> tuple[int | None, str | None]:
+    """The prompt length at which `spec` differs from the unscaled model, or (None, why the check does not apply).
+
+    Linear and YaRN scales: the cases' longest prompt, unless every scale is 1 (then they are the model's own
+    RoPE). Dynamic NTK at any factor is the model's own RoPE up to max_position_embeddings (transformers' dynamic
+    keeps the base until a sequence passes it): twice that, if affordable (MAX_UNSCALED_POSITIONS).
+    """
+    if not spec.rope.length_dependent:
+        if all(s == 1.0 for s in spec.scales):
+            what = "YaRN at factor 1" if spec.rope.rope_type == "yarn" else "a scale of 1.0"
+            return None, f"every layer has {what}, which is the unscaled model's own RoPE"
+        return CASE_LENGTH, None
+    trained = getattr(config, "max_position_embeddings", None)
+    if not isinstance(trained, int) or isinstance(trained, bool) or trained < 1:
+        return None, (f"{spec.rope.name} is the unscaled model up to the trained length, and the config states none "
+                      "(max_position_embeddings)")
+    length = max(CASE_LENGTH, 2 * trained)
+    if length > MAX_UNSCALED_POSITIONS:
+        return None, (f"{spec.rope.name} is the unscaled model up to {trained:,} positions (max_position_embeddings), "
+                      f"and a {length:,}-position prompt that tells them apart is past the "
+                      f"{MAX_UNSCALED_POSITIONS:,} this check prefills")
+    return length, None
+
+
+def _long_prompt(config, length: int) -> list[list[int]]:
+    """One random prompt of `length` tokens (fixed seed), avoiding the special tokens, as `_prompts`."""
+    vocab = _vocabulary(config)
+    return [np.random.default_rng(1).choice(vocab, length).tolist()]
 
 
 def _no_early_stop(model) -> None:
@@ -184,12 +245,16 @@ def _no_early_stop(model) -> None:
 def _prompts(config) -> dict[str, list[list[int]]]:
     """Random token ids (fixed seed), avoiding the special tokens the config names."""
     rng = np.random.default_rng(0)
+    vocab = _vocabulary(config)
+    return {name: [rng.choice(vocab, n).tolist() for n in lengths] for name, lengths in CASES}
+
+
+def _vocabulary(config) -> np.ndarray:
     special: set = set()
     for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
         value = getattr(config, key, None)
         special.update(value if isinstance(value, list) else [value])
-    vocab = np.array([i for i in range(min(config.vocab_size, 32000)) if i not in special])
-    return {name: [rng.choice(vocab, n).tolist() for n in lengths] for name, lengths in CASES}
+    return np.array([i for i in range(min(config.vocab_size, 32000)) if i not in special])
 
 
 def _check_case(model, runner: OrtCausalLM, name: str, rows: list[list[int]], num_tokens: int, tol: Tolerance):
@@ -272,12 +337,23 @@ def _compare_generation(result: CaseResult, ref_tokens, ref_steps, onnx_tokens, 
             result.failures.append(f"greedy tokens of row {row} differ from step {first}")
 
 
-def _unscaled_difference(model, runner: OrtCausalLM, spec: Spec, rows: list[list[int]]) -> float | None:
-    """max |onnx - unscaled reference| logits; None when every scale is 1 (nothing to tell apart)."""
-    if all(s == 1.0 for s in spec.scales):
-        return None
-    apply(model, Spec.from_scales([1.0] * len(spec.scales)))  # all ones removes the patch
+@dataclass(frozen=True)
+class _Unscaled:
+    """The export, the reference and the unscaled model on one prompt of `positions` tokens."""
+
+    positions: int
+    export: float  # max |onnx - unscaled| logits
+    reference: float  # max |reference - unscaled|: what the spec changes there
+    export_vs_reference: float
+    bound: float  # the tolerance on the reference's logits there
+
+
+def _unscaled_difference(model, runner: OrtCausalLM, spec: Spec, rows: list[list[int]], tol: Tolerance) -> _Unscaled:
+    """The export and the reference (`model`, patched with `spec`) against the unscaled model, on `rows`."""
     ids, mask, positions = left_pad(rows)
-    unscaled = _reference_logits(model, ids, mask, positions)
     onnx = runner.step(ids, mask, positions, runner.empty_past(len(rows)))[0]
-    return float(np.abs(onnx - unscaled).max())
+    reference = _reference_logits(model, ids, mask, positions)
+    apply(model, Spec.from_scales([1.0] * len(spec.scales)))  # all ones removes the patch
+    unscaled = _reference_logits(model, ids, mask, positions)
+    return _Unscaled(ids.shape[1], float(np.abs(onnx - unscaled).max()), float(np.abs(reference - unscaled).max()),
+                     float(np.abs(onnx - reference).max()), tol.bound(reference))
