@@ -327,3 +327,34 @@ def test_the_architecture_map_names_every_module():
                      if m.path.name != "__init__.py" and "models" not in m.path.parts
                      and not re.search(rf"\b{re.escape(m.path.name)}\b", text))
     assert not missing, f"docs/architecture.md does not name {', '.join(missing)}"
+
+
+def import_cycles(root: Path = ROOT) -> list[list[str]]:
+    """Every cycle of module imports (lazy ones included; a package's __init__ counts as its own module),
+    each as the modules around it, found by a depth-first search."""
+    known = modules(root)
+    graph = {name: sorted({imported for _, imported in imports(module, known) if imported in known} - {name})
+             for name, module in known.items()}
+    cycles, state = [], {}  # state: 1 on the current path, 2 done
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = 1
+        for nxt in graph[name]:
+            if state.get(nxt) == 1:
+                cycles.append(path[path.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, path + [nxt])
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    return cycles
+
+
+def test_no_import_circle_anywhere():
+    """Data and imports flow one way inside a layer too: a circle (package.py importing target.py, which imports
+    package.py lazily) means two modules that cannot be read, tested or moved apart."""
+    packages = {m.name for m in MODULES.values() if m.path.name == "__init__.py"}
+    circles = [" -> ".join(c) for c in import_cycles() if not set(c) & packages]
+    assert not circles, "import circles: " + "; ".join(circles)

@@ -56,7 +56,7 @@ import torch
 from lpes.converter import lpes_rope
 from lpes.converter.architectures import ARCHITECTURES, GenaiSupport, architecture_for
 from lpes.converter.loading import resolved_for_model
-from lpes.exporters.genai.target import BUILDS
+from lpes.exporters.genai.builds import BUILDS
 from lpes.foundation.errors import LpesError
 from lpes.foundation.files import write_text_atomic
 from lpes.foundation.spec import Spec, dump_spec

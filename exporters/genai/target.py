@@ -6,17 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from lpes.exporters.genai.builds import BUILDS
 from lpes.exporters.targets import OpenedExport, RunContext, Target, Written, register, require
-
-# Execution provider -> precisions the builder accepts for it (its own list, TensorRT-RTX left out). Here, not in
-# package.py, which imports torch: lpes-convert's parser needs the choices, and a mistyped flag is refused in a second.
-# Only cpu fp32 and int4 have been run by lpes; the others go through the same cache checks.
-BUILDS: dict[str, tuple[str, ...]] = {
-    "cpu": ("fp32", "int8", "int4"),
-    "cuda": ("fp32", "fp16", "bf16", "int8", "int4"),
-    "dml": ("fp16", "int4"),
-    "webgpu": ("int8", "int4"),
-}
 
 
 @register
