@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lpes.foundation.files import write_text_atomic
+from lpes.foundation.rope_schemes import SCHEMES
 from lpes.foundation.spec import Spec
 
 MODELING_FILE = "modeling_lpes.py"
@@ -145,6 +146,9 @@ def _lengths_text(spec: Spec, held) -> str:
                      else "its config.json does not say so (dynamic NTK switches at `max_position_embeddings`)")
             text += (f" **Serve this folder at most {limit:,} tokens** ({where}; vLLM: `--max-model-len {limit}`): "
                      "longer prompts were not checked or were worse than the unscaled model.")
+    if held is not None and held.kind in ("uniform", "stock", "per-type"):
+        facts = SCHEMES[held.rope_type or "linear"]
+        text += f" Served by vLLM, {facts.name} RoPE ({held.name}) computes {facts.vllm}."
     if held is not None and held.kind == "uniform" and held.factor is not None and held.factor < 1:
         text += (f" transformers warns at load that a linear factor should be at least 1 ({held.factor:g} here, a "
                  "compression): that is what was decided, and it computes what was measured.")

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Any, NoReturn
 
 from lpes.foundation.errors import LpesError
+from lpes.foundation.rope_schemes import SCHEMES
 from lpes.foundation.spec_fields import (
     MAX_LAYERS,
     MAX_POSITIONS,
@@ -334,11 +335,14 @@ def decided(rows: Sequence[Row], alpha: float, prompts: int, middle_prompts: int
         return rows[0], (f"{prompts} held-out prompts cannot show a {DETECTABLE_POINTS:g}-point gain at p < {alpha:g} "
                          f"(it takes {smallest_detectable(alpha)}): shipping the unscaled model; hold out more prompts")
     broken = lengths.broken(alpha) if lengths else {}
-    eligible = [r for r in rows if r.name not in broken]
+    unservable = {r.name for r in rows if r.kind == "stock" and not SCHEMES[r.rope_type].vllm_same}
+    eligible = [r for r in rows if r.name not in broken and r.name not in unservable]
     chosen, reason = _choose(rows, eligible, alpha, prompts, middle_prompts)
     unchecked = _choose(rows, rows, alpha, prompts, middle_prompts)[0]
-    if unchecked is not chosen:  # what the search length alone would ship breaks at a longer prompt
-        reason = f"{unchecked.name} not shipped: {broken[unchecked.name].line()}; {reason}"
+    if unchecked is not chosen:  # what the search length alone would ship breaks longer, or means two models
+        why = (broken[unchecked.name].line() if unchecked.name in broken else
+               f"vLLM computes it otherwise ({SCHEMES[unchecked.rope_type].vllm})")
+        reason = f"{unchecked.name} not shipped: {why}; {reason}"
     if lengths and lengths.checked < lengths.serve:
         reason += f"; checked up to {lengths.checked:,} tokens ({lengths.stopped})"
     return chosen, reason

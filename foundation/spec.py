@@ -68,6 +68,7 @@ from lpes.foundation import bezier
 from lpes.foundation.decision import Decision, one_line_text, parse_decision
 from lpes.foundation.errors import LpesError, shown
 from lpes.foundation.files import write_bytes_atomic
+from lpes.foundation.rope_schemes import SCHEMES
 from lpes.foundation.spec_fields import (
     FORMAT,
     MAX_ANSWER_TOKENS,
@@ -132,17 +133,11 @@ class StockRope:
     @property
     def length_dependent(self) -> bool:
         """Its frequencies follow the sequence length: in a batch the longest row would set them for all."""
-        return self.rope_type == "dynamic"
+        return SCHEMES[self.rope_type].length_dependent
 
     def same_as_unscaled(self, longest: int, trained: int | None) -> bool:
-        """It computes the model's own RoPE on sequences of at most `longest` positions.
-
-        YaRN at factor 1 blends a frequency with itself, attention factor 1. Dynamic NTK at
-        any factor keeps the base until a sequence passes `trained` (max_position_embeddings).
-        """
-        if self.rope_type == "yarn":
-            return self.factor == 1.0
-        return bool(trained) and longest <= trained
+        """It computes the model's own RoPE on sequences of at most `longest` positions (rope_schemes.py)."""
+        return SCHEMES[self.rope_type].same_as_unscaled(self.factor, longest, trained)
 
 
 @dataclass(frozen=True)
@@ -183,7 +178,7 @@ class RopeScheme:
     @property
     def length_dependent(self) -> bool:
         """Its frequencies follow the sequence length: in a batch the longest row would set them for all."""
-        return self.rope_type == "dynamic"
+        return SCHEMES[self.rope_type].length_dependent
 
     @property
     def parameters(self) -> dict[str, Any]:
@@ -473,8 +468,9 @@ def _check_scheme_scales(scales, rope: RopeScheme, name: str) -> None:
     """YaRN and dynamic NTK take factors >= 1 (below it neither extends anything; transformers warns)."""
     if rope.linear:
         return
+    least = SCHEMES[rope.rope_type].least_factor
     for i, value in enumerate(scales):
-        if value < 1.0:
+        if value < least:
             where = f"'{name}[{i}]' is" if name == "scales" else f"the curve gives layer {i} the scale"
             raise LpesError(f"spec: {where} {show(value)}; a {rope.name} factor (rope_type "
                             f"{rope.rope_type!r}) must be at least 1")

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from lpes.foundation.errors import LpesError
+from lpes.foundation.rope_schemes import SCHEMES, STOCK_TYPES
 
 FORMAT = "lpes-spec"
 VERSION = 1
@@ -21,10 +22,10 @@ MAX_LAYERS = 4096
 MAX_ANSWER_TOKENS = 4096  # the answer budget (validation.tasks.MAX_ANSWER_TOKENS)
 SCALE_RANGE = f"[{MIN_SCALE:g}, {MAX_SCALE:g}]"
 # The stock length-extension RoPE types (transformers' rope_type -> the name readers know) that
-# lpes-search scans as baselines and validation scores beside the curve.
-STOCK_ROPE_TYPES = {"yarn": "YaRN", "dynamic": "dynamic NTK"}
+# lpes-search scans as baselines and validation scores beside the curve (foundation/rope_schemes.py).
+STOCK_ROPE_TYPES = STOCK_TYPES
 # How a layer applies its scale (`rope_type`): -> the parameters it takes (converter/lpes_rope.py SCHEMES).
-ROPE_SCHEMES = {"linear": (), "yarn": ("beta_fast", "beta_slow", "original_max_position_embeddings"), "dynamic": ()}
+ROPE_SCHEMES = {t: facts.parameters for t, facts in SCHEMES.items()}
 YARN_DEFAULT_BETAS = (32.0, 1.0)  # transformers' beta_fast, beta_slow when a config leaves them out
 MAX_POSITIONS = 2**31 - 1
 MAX_TEXT = 400  # characters of a text field: one line of a terminal or a card

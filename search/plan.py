@@ -168,7 +168,7 @@ def _check_scheme_reaches(config, rope: RopeScheme, grid: ScaleGrid, longest: in
     trained = getattr(config, "max_position_embeddings", None)
     if rope.linear or not all(StockRope(rope.rope_type, f).same_as_unscaled(longest, trained) for f in grid.values):
         return
-    name = {"dynamic": "dynamic NTK", "yarn": "YaRN"}.get(rope.rope_type, rope.rope_type)
+    name = rope.name
     raise LpesError(f"--rope-type {rope.rope_type}: every calibration example is within the {trained:,} positions "
                     f"the model was trained for (the longest reaches {longest:,}), where {name} at any factor is the "
                     "unscaled model; calibrate on longer --data, or use --rope-type linear or yarn")

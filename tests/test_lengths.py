@@ -258,3 +258,19 @@ def test_one_scale_on_the_full_attention_layers_is_a_stock_candidate(tmp_path):
     assert rope["full_attention"]["rope_type"] == "linear" and rope["full_attention"]["factor"] == 0.75
     assert rope["sliding_attention"].get("factor", 1.0) == 1.0 and not (out / "modeling_lpes.py").exists()
     assert "This folder holds the decision, **full-attention layers s=0.75**" in (out / "README.md").read_text()
+
+
+def test_a_stock_type_vllm_computes_otherwise_is_not_shipped():
+    """Dynamic NTK wins on the held-out prompts, but vLLM serves a static NTK at every length where transformers
+    serves the unscaled model within the trained length: one config, two models (foundation/rope_schemes.py)."""
+    from test_decision import _verdicts
+
+    from lpes.foundation.decision import Candidate
+
+    base, better = set(range(0, 200, 5)), set(range(0, 200, 5)) | set(range(1, 200, 5))
+    candidates = [Candidate("unscaled", "unscaled", _verdicts(N, base)),
+                  Candidate("dynamic NTK f=2", "stock", _verdicts(N, better), "dynamic", 2.0)]
+    decision = decide(candidates, _table(N))
+    assert decision.ship.kind == "unscaled"
+    assert decision.reason.startswith("dynamic NTK f=2 not shipped: vLLM computes it otherwise (one static cache")
+    assert parse_decision(decision.to_json()) == decision

@@ -16,9 +16,7 @@ import json
 from types import SimpleNamespace
 
 import pytest
-from test_decision import CURVE, _table, _verdicts
 
-from lpes.foundation.decision import Candidate, candidate_name, decide
 from lpes.foundation.spec import RopeScheme, Spec
 
 pytest.importorskip("onnx")
@@ -51,27 +49,19 @@ def test_the_unscaled_model_is_compared_where_the_spec_differs_from_it(rope, sca
     assert (got_why is None) if why is None else (why in got_why), got_why
 
 
-def _dynamic_decision_spec(path, factor: float) -> None:
-    """A per-layer spec for the bundled 4-layer model whose held-out decision ships dynamic NTK at `factor`."""
-    n, base = 200, set(range(0, 200, 5))
-    better = base | set(range(1, 200, 5))
-    name = candidate_name("stock", "dynamic", factor)
-    candidates = [Candidate("unscaled", "unscaled", _verdicts(n, base)),
-                  Candidate(name, "stock", _verdicts(n, better), "dynamic", factor),
-                  Candidate("per-layer curve", "per-layer", _verdicts(n, better), scales=CURVE)]
-    decision = decide(candidates, _table(n)).to_json()
-    assert decision["ship"]["name"] == name
-    path.write_text(json.dumps({"format": "lpes-spec", "version": 1, "scales": list(CURVE),
-                                "provenance": {"decision": decision}}))
+def _dynamic_spec(path, factor: float) -> None:
+    """Dynamic NTK at `factor` in every layer of the bundled 4-layer model: the stock config a user converts (a
+    held-out decision never ships it: vLLM computes dynamic NTK otherwise, foundation/rope_schemes.py)."""
+    path.write_text(json.dumps({"format": "lpes-spec", "version": 1, "scales": [factor] * 4, "rope_type": "dynamic"}))
 
 
-def test_a_dynamic_ntk_decision_exported_to_onnx_passes(tmp_path):
+def test_a_dynamic_ntk_spec_exported_to_onnx_passes(tmp_path):
     """The reported case: lpes-tiny-kv (trained on 256 positions) shipping dynamic NTK f=2 --to onnx exited 1
     although the export answers as the reference; about 30 s (an export, its parity and one example per gold)."""
     from lpes import cli
 
     spec, out = tmp_path / "best.json", tmp_path / "out"
-    _dynamic_decision_spec(spec, 2.0)
+    _dynamic_spec(spec, 2.0)
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         code = cli.convert_main(["lpes-tiny-kv", "--curve", str(spec), "--to", "onnx", "--out", str(out),
