@@ -132,19 +132,24 @@ def _ladder(config, tokenizer, search: int, options: SearchOptions, prompts: lis
     _check_ladder_memory(config, serve, options)
     if options.length_text is not None:  # the user's own: it must serve
         ids = probe_ids(tokenizer, serve, _prefix(read_text(options.length_text), serve), "--length-text")
-        return LadderPlan(search, serve, trained, ids, _probe_words("--length-text"))
+        return LadderPlan(search, serve, trained, ids, _probe_words("--length-text", options.alpha))
     why = []
     for text, where in ((builtin_text(), TEXT_NAME), (" ".join(prompts), "the task's prompts")):
         try:
             return LadderPlan(search, serve, trained, probe_ids(tokenizer, serve, _prefix(text, serve), where),
-                              _probe_words(where))
+                              _probe_words(where, options.alpha))
         except LpesError as err:
             why.append(str(err).split("; give")[0])
-    return LadderPlan(search, serve, trained, None, _probe_words(TEXT_NAME), " and ".join(why))
+    return LadderPlan(search, serve, trained, None, _probe_words(TEXT_NAME, options.alpha), " and ".join(why))
 
 
-def _probe_words(where: str) -> str:
-    return f"next-token loss on {where}, blocks of {BLOCK} tokens"
+def _probe_words(where: str, alpha: float) -> str:
+    """The probe in words, with the least break it can show (decision.LENGTH_MARGIN over enough blocks)."""
+    from lpes.foundation.decision import LENGTH_MARGIN
+    from lpes.validation.length_probe import detectable_blocks
+
+    return (f"next-token loss on {where}, blocks of {BLOCK} tokens; a break is {LENGTH_MARGIN:g} nats/token or "
+            f"more over at least {detectable_blocks(alpha)} blocks all worse")
 
 
 def _prefix(text: str, tokens: int) -> str:

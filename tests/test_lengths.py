@@ -274,3 +274,14 @@ def test_a_stock_type_vllm_computes_otherwise_is_not_shipped():
     assert decision.ship.kind == "unscaled"
     assert decision.reason.startswith("dynamic NTK f=2 not shipped: vLLM computes it otherwise (one static cache")
     assert parse_decision(decision.to_json()) == decision
+
+
+def test_plots_and_tables_name_what_ships_as_what_it_is():
+    """make demo's stock YaRN folder was drawn as "LPES, Hub folder": a folder holding a stock config is named by it."""
+    from lpes.validation.accuracy_plot import variant_label
+    from lpes.validation.results import REFERENCE, VariantResult
+
+    hub, reference = VariantResult("hf", "ok"), VariantResult(REFERENCE, "ok")
+    assert variant_label(hub, "YaRN f=1.75") == "YaRN f=1.75, Hub folder"
+    assert variant_label(reference, "YaRN f=1.75") == "YaRN f=1.75 (PyTorch reference)"
+    assert variant_label(hub) == "LPES, Hub folder"  # a per-layer curve is LPES

@@ -11,18 +11,20 @@ from lpes.validation.results import REFERENCE, UNIFORM, UNSCALED, ValidationRepo
 _MARKERS = "^v<>ph*"
 
 
-def variant_label(variant: VariantResult) -> str:
-    """A name a reader knows: what ran, and that it is LPES."""
+def variant_label(variant: VariantResult, shipped: str | None = None) -> str:
+    """A name a reader knows: what ran, and what it is: LPES, or what the folder holds (`shipped`, "YaRN f=1.75")."""
+    what = shipped or "LPES"
     if variant.name == UNSCALED:
         return "unscaled model (PyTorch)"
     if variant.name == REFERENCE:
-        return "LPES (PyTorch reference)"
+        return f"{what} (PyTorch reference)"
     if variant.name.startswith(UNIFORM):
         return f"best uniform scale, {variant.name[len(UNIFORM):].strip()} (PyTorch)"
     if variant.baseline:
         return f"{variant.name}, best on calibration (PyTorch)"
     target = registry().get(variant.name)
     label = target.label if target is not None and target.label else f"LPES, {variant.name} export"
+    label = label.replace("LPES", what, 1)
     return f"{label} ({variant.note})" if variant.note else label  # how it ran: provider, custom code or not
 
 
@@ -57,7 +59,7 @@ def plot_accuracy(report: ValidationReport, path: Path) -> Path:
         style = _variant_style(v, exports)
         exports += style["linestyle"] == ":"
         ax.plot([g + offset for g in by_index], [100 * a for a in by_index.values()],
-                label=f"{variant_label(v)}: {100 * v.scores.accuracy:.1f}% overall", **style)
+                label=f"{variant_label(v, report.shipped)}: {100 * v.scores.accuracy:.1f}% overall", **style)
     ax.set_xticks(gold)
     pairs = report.examples[0].num_pairs if report.examples else None
     among = f" among the {pairs}" if pairs else ""

@@ -167,7 +167,7 @@ def validate(
                               prompt_tokens=kv_plan.prompt_tokens if results else [],
                               task=task_line(task, kv_plan.tokenizer, kv_plan.prompt_tokens), setup_problem=setup,
                               console_paths=rerun.console_paths(), searched_on=searched_on,
-                              decision=spec.decision)
+                              decision=spec.decision, shipped=_shipped_name(spec))
     report.warnings += kv_plan.warnings + _answer_warnings(results, kv_plan.examples)
     write_report(report, out_dir)
     _rewrite_model_card(out_dir, report, spec, config, spec.base_model or name)
@@ -231,6 +231,13 @@ def _searched_on(spec: Spec, model_path: Path, config, name: str,
         other_task = f"another task ({shareable_data(task.searched.data) or 'the model folder task'})"
     searched_on = " and ".join(p for p in (model, other_task) if p) or None
     return searched_on, BASELINE_NOTE if searched_on is None else f"PyTorch, searched on {model or 'another task'}"
+
+
+def _shipped_name(spec: Spec) -> str | None:
+    """What the folder holds by the name its decision gives it ("YaRN f=1.75"), where that is not the per-layer
+    curve: read off the spec's scales (foundation/decision.py row_computing), not the provenance's claim."""
+    held = spec.decision.row_computing(spec.scales, spec.rope.rope_type) if spec.decision and spec.scales else None
+    return held.name if held is not None and held.kind != "per-layer" else None
 
 
 def _rewrite_model_card(out_dir: Path, report: ValidationReport, spec: Spec, config, base_model: str) -> None:

@@ -73,6 +73,8 @@ class ValidationReport:
     console_paths: dict[str, str] = field(default_factory=dict)
     searched_on: str | None = None  # the model and/or task the curve was searched on, when not the ones measured
     decision: Decision | None = None  # lpes-search's held-out decision (the spec's), shown beside this run's test
+    # What the folder holds where it is not a per-layer curve ("YaRN f=1.75"): plots and tables name it so.
+    shipped: str | None = None
 
     @property
     def verdict(self) -> str:
@@ -228,13 +230,21 @@ class ValidationReport:
             "|---|" + "---:|" * (len(gold) + 1) + "---|",
         ]
         for v in self.variants:
-            lines.append(_markdown_row(v, gold, len(self.examples)))
+            lines.append(_markdown_row(v, gold, len(self.examples), self.shipped))
         return lines + ["", f"![accuracy by gold index]({PLOT_FILE})", ""]
 
     def _decision_lines(self) -> list[str]:
         """The decision's test (foundation/decision.py) on these prompts, beside lpes-search's own on its held-out
         ones: the PyTorch variants, each held against the simpler ones, all and middle."""
-        from lpes.foundation.decision import DEFAULT_ALPHA, Candidate, decide, format_table, in_middle, markdown_text
+        from lpes.foundation.decision import (
+            DEFAULT_ALPHA,
+            Candidate,
+            decide,
+            format_table,
+            in_middle,
+            ladder_table,
+            markdown_text,
+        )
 
         scored = [v for v in self.variants if v.scores is not None and v.allowed is None and not v.same_as]
         if not scored or scored[0].name != UNSCALED or self.setup_problem:
@@ -245,7 +255,7 @@ class ValidationReport:
                 return "unscaled"
             return ("uniform" if v.name.startswith(UNIFORM) else "stock") if v.baseline else "per-layer"
 
-        names = {REFERENCE: "LPES reference"}
+        names = {REFERENCE: f"{self.shipped or 'LPES'} reference"}
         candidates = [Candidate(names.get(v.name, v.name), kind(v), tuple(r.correct for r in v.scores.results))
                       for v in scored]
         middle = [in_middle(e.gold_index, e.num_pairs) for e in self.examples]
@@ -257,6 +267,8 @@ class ValidationReport:
         if self.decision:
             lines += [f"lpes-search's decision on its {self.decision.prompts} held-out prompts: "
                       f"{markdown_text(self.decision.reason)}.", ""]
+            if self.decision.lengths is not None:  # and how each option held on longer prompts
+                lines += ladder_table(self.decision.lengths, self.decision.alpha) + [""]
         return lines
 
     def measured(self) -> Measured | None:
@@ -293,8 +305,8 @@ def _right(v: VariantResult) -> int:
     return sum(r.correct for r in v.scores.results)
 
 
-def _markdown_row(v: VariantResult, gold: list[int], total: int) -> str:
-    label = {UNSCALED: "unscaled (PyTorch)", REFERENCE: "LPES reference (PyTorch)"}.get(v.name, v.name)
+def _markdown_row(v: VariantResult, gold: list[int], total: int, shipped: str | None = None) -> str:
+    label = {UNSCALED: "unscaled (PyTorch)", REFERENCE: f"{shipped or 'LPES'} reference (PyTorch)"}.get(v.name, v.name)
     if v.note and v.status == "ok":
         label += f" ({v.note})"
     if v.scores is None:
