@@ -7,6 +7,7 @@ import argparse
 from lpes.foundation.commands import ArgumentParser
 from lpes.foundation.spec import MAX_DEGREE
 from lpes.search.genome import MAX_GRID_VALUES
+from lpes.search.optimizers import registry as optimizers
 from lpes.search.options import (
     DTYPE_CHOICES,
     FACTOR_SCALE_GRID,
@@ -17,7 +18,6 @@ from lpes.search.options import (
     MAX_HOLDOUT,
     MAX_POPULATION,
     OBJECTIVES,
-    OPTIMIZERS,
     SearchOptions,
 )
 from lpes.search.run import search
@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--data", default=None,
                         help="what to calibrate on: " + DATA_FLAG + "the model folder's lpes_task.json, else kv "
                         "with 75 pairs, 25 examples, gold 0+24+49+74")
-    parser.add_argument("--optimizer", default=DEFAULTS.optimizer, choices=list(OPTIMIZERS),
+    parser.add_argument("--optimizer", default=DEFAULTS.optimizer, choices=list(optimizers()),
                         help="what breeds the candidates: ga (the papers' genetic algorithm), cmaes (CMA-ES over "
                         "the same genome and grid; both race exactly and resume alike), or gradient (Adam on the "
                         "curve's control scales, within the --scale-grid bounds; needs a likelihood --objective) "

@@ -44,8 +44,10 @@ import warnings
 from dataclasses import dataclass
 
 from lpes.foundation.errors import LpesError
-from lpes.search.ga import GeneticSearch, Scored, SearchState, _best, _Runner, _selection_key
+from lpes.search.ga import GeneticSearch, Runner, Scored, SearchState, best_scored, selection_key
 from lpes.search.genome import Genome
+from lpes.search.objective import LIKELIHOODS
+from lpes.search.optimizers import register
 
 NAME = "cmaes"
 LOOK = 4  # every sample meets at least this many of the hardest examples: what ranks the refuted ones
@@ -67,8 +69,26 @@ def _cmaes():
     return cmaes
 
 
+@register
 class CMASearch(GeneticSearch):
-    """CMA-ES in place of breeding; the uniform scan, racing, checkpoints and patience are the GA's."""
+    """CMA-ES in place of breeding; the uniform scan, racing, checkpoints and patience are the GA's. On a likelihood
+    (`--objective logprob`, `answer-logprob`) its search is `LogprobCMASearch` (below)."""
+
+    name = NAME
+    order = 20
+    verdicts, likelihood = True, True
+    why = ""
+
+    @classmethod
+    def population(cls, degree: int) -> int:
+        return default_population(degree)
+
+    @classmethod
+    def build(cls, plan, options, evaluator, settings, on_generation, step_progress) -> CMASearch:
+        args = (plan.space, evaluator, settings, on_generation, step_progress)
+        if options.objective in LIKELIHOODS:
+            return LogprobCMASearch(*args, weights=plan.weights)
+        return cls(*args)
 
     def run(self, state: SearchState | None = None) -> SearchState:
         state = state or SearchState(failures=[0] * self.evaluator.num_examples)
@@ -149,8 +169,8 @@ class CMASearch(GeneticSearch):
                 hard[i] += i in runner.failed
         scored = [Scored(r.genome, r.correct / self._total, r.order, r.deviation) for r in improvers if r.fresh]
         before = state.parents[0]
-        state.parents = _best([incumbent] + [Scored(r.genome, r.correct / self._total, r.order, r.deviation)
-                                            for r in improvers], 1, self._total)
+        state.parents = best_scored([incumbent] + [Scored(r.genome, r.correct / self._total, r.order, r.deviation)
+                                                  for r in improvers], 1, self._total)
         state.generation = generation
         # Generation 0 counts too: its population raced the uniform scan's best, and when none beat it that
         # is a generation without a better curve (a default SmolLM2 search spent a third population on it).
@@ -269,7 +289,7 @@ def _cell(unit: float, count: int) -> int:
 
 
 @dataclass
-class _Challenger(_Runner):
+class _Challenger(Runner):
     """A sampled genome raced against the incumbent: its verdicts so far and, once decided, its depth."""
 
     fresh: bool = True  # not scored in full before this generation
@@ -277,7 +297,7 @@ class _Challenger(_Runner):
     depth: int | None = 0  # where it was refuted along the order; None: it ranks above the incumbent
 
     def rank(self, total: int) -> tuple:
-        return _selection_key(self.correct, self.deviation, self.order)
+        return selection_key(self.correct, self.deviation, self.order)
 
 
 class LogprobCMASearch(CMASearch):

@@ -39,6 +39,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
 from lpes.search.genome import Genome, SearchSpace, curve_from_json
+from lpes.search.optimizers import Optimizer, register
+
+GA_POPULATION = 32  # LongRoPE's GA used 64; racing makes a larger one cheap, 32 is enough for 4 points
 
 
 class Evaluator(Protocol):
@@ -113,7 +116,7 @@ class SearchState:
 
 
 @dataclass
-class _Runner:
+class Runner:
     """A genome in the race: its right answers on the examples scored so far."""
 
     genome: Genome
@@ -127,7 +130,7 @@ class _Runner:
 
     def best_rank(self, total: int) -> tuple:
         """Its selection key if every remaining example comes out right (smaller ranks higher)."""
-        return _selection_key(self.correct + total - len(self.done), self.deviation, self.order)
+        return selection_key(self.correct + total - len(self.done), self.deviation, self.order)
 
 
 def _rng_to_json(rng: random.Random) -> list:
@@ -157,7 +160,23 @@ class _Silent:
     def close(self) -> None: ...
 
 
-class GeneticSearch:
+@register
+class GeneticSearch(Optimizer):
+    """`--optimizer ga`: the papers' genetic algorithm, raced exactly (above); CMA-ES (search/cma.py) builds on it."""
+
+    name = "ga"
+    order = 10
+    verdicts, likelihood = True, False
+    why = "the GA races exact right/wrong counts"
+
+    @classmethod
+    def population(cls, degree: int) -> int:
+        return GA_POPULATION
+
+    @classmethod
+    def build(cls, plan, options, evaluator, settings, on_generation, step_progress) -> GeneticSearch:
+        return cls(plan.space, evaluator, settings, on_generation, step_progress)
+
     def __init__(self, space: SearchSpace, evaluator: Evaluator, settings: GASettings,
                  on_generation: Callable[[SearchState], None] | None = None,
                  step_progress: Callable[[str, int, int], StepProgress] | None = None):
@@ -183,7 +202,7 @@ class GeneticSearch:
             scored = self._race(self._breed(state, rng), state, state.parents, self.settings.parents,
                                 self._label(state.generation + 1))
             before = state.parents[0]
-            state.parents = _best(state.parents + scored, self.settings.parents, self._total)
+            state.parents = best_scored(state.parents + scored, self.settings.parents, self._total)
             state.generation += 1
             self._track_best(state, before)
             self._end_generation(state, rng, scored)
@@ -215,7 +234,7 @@ class GeneticSearch:
         genomes = [self.space.uniform(scale) for scale in self.space.grid.values]
         if self.settings.halving:
             genomes = self._halve(genomes, state, self._label(0, "uniform scan, halving"))
-        best = _best(self._race(genomes, state, [], 1, self._label(0, "uniform scan")), 1, self._total)[0]
+        best = best_scored(self._race(genomes, state, [], 1, self._label(0, "uniform scan")), 1, self._total)[0]
         scale = self.space.grid.values[best.genome.y_index[0]]
         state.uniform = {"scale": scale, "fitness": best.fitness,
                          "tokens": self.evaluator.forward_tokens - tokens_before}
@@ -242,7 +261,7 @@ class GeneticSearch:
                     batch = todo[k:k + self.settings.replicas]
                     jobs = [(r.scales, [i for i in ids if i not in r.done]) for r in batch]
                     progress.computed(self._score_jobs(batch, jobs, state))
-                runners.sort(key=lambda r: _selection_key(r.correct, r.deviation, r.order))
+                runners.sort(key=lambda r: selection_key(r.correct, r.deviation, r.order))
                 keep = max(HALVING_LEFT, -(-len(runners) // 3))
                 for runner in runners[keep:]:
                     state.raced_out += 1
@@ -270,7 +289,7 @@ class GeneticSearch:
         fresh = [g for g, s in zip(genomes, known) if s is None]
         scored += self._race(fresh, state, scored, self.settings.parents, self._label(0, "first population"),
                              known=len(scored))
-        state.parents = _best(scored, self.settings.parents, self._total)
+        state.parents = best_scored(scored, self.settings.parents, self._total)
         self._end_generation(state, rng, scored)
 
     def _known(self, genome: Genome, state: SearchState) -> Scored | None:
@@ -299,7 +318,7 @@ class GeneticSearch:
             progress.close()
         return scored
 
-    def _race_runners(self, runners: list[_Runner], state: SearchState, parents: list[Scored], keep: int,
+    def _race_runners(self, runners: list[Runner], state: SearchState, parents: list[Scored], keep: int,
                       scored: list[Scored], progress: StepProgress, counts: dict[str, int] | None = None) -> None:
         # With R replicas the runners of highest best possible rank advance at once, each by its own chunk
         # (the chunks do not grow with R): as many as it takes to give every replica an example, and no
@@ -332,7 +351,7 @@ class GeneticSearch:
                         state.improvements.append([fitness, state.tokens_to_best])
                     scored.append(Scored(runner.genome, fitness, runner.order, runner.deviation))
 
-    def _drop_hopeless(self, runners: list[_Runner], pool: list[Scored], keep: int, state: SearchState,
+    def _drop_hopeless(self, runners: list[Runner], pool: list[Scored], keep: int, state: SearchState,
                        progress: StepProgress, counts: dict[str, int] | None = None):
         """The runners that could still rank among the best `keep` of `pool` and themselves.
 
@@ -356,23 +375,23 @@ class GeneticSearch:
     def _bar(self, pool: list[Scored], keep: int, counts: dict[str, int] | None) -> tuple | None:
         """The rank a runner must beat to place among the best `keep` (None: fewer places taken than that)."""
         taken = 0
-        for scored in _best(pool, len(pool), self._total):
+        for scored in best_scored(pool, len(pool), self._total):
             taken += 1 if counts is None else counts.get(self._key(scored.genome), 1)
             if taken >= keep:
                 return _rank(scored, self._total)
         return None
 
-    def _runner(self, genome: Genome, state: SearchState) -> _Runner:
+    def _runner(self, genome: Genome, state: SearchState) -> Runner:
         scales = self._scales(genome)
         key = _key_of(scales)
         if key in state.seen:  # raced out before (the unscaled genome, in the uniform scan): go on from there
             _, order, correct, done, *failed = state.seen[key]  # (a checkpoint of an older lpes: no failed)
-            return _Runner(genome, key, scales, self._deviation(scales), order, correct, set(done),
-                           set(failed[0]) if failed else set())
+            return Runner(genome, key, scales, self._deviation(scales), order, correct, set(done),
+                          set(failed[0]) if failed else set())
         state.seen[key] = [None, len(state.seen)]
-        return _Runner(genome, key, scales, self._deviation(scales), len(state.seen) - 1)
+        return Runner(genome, key, scales, self._deviation(scales), len(state.seen) - 1)
 
-    def _chunk_size(self, runner: _Runner) -> int:
+    def _chunk_size(self, runner: Runner) -> int:
         if not self.settings.racing:
             return self._total
         # Small first chunks only pay where a runner can be dropped soon: they double up to a batch. One that must
@@ -383,14 +402,14 @@ class GeneticSearch:
         doubling = min(self.settings.chunk, max(self.settings.first_chunk, len(runner.done)))
         return max(doubling, min(self.settings.wide_chunk, self._margin(runner)))
 
-    def _margin(self, runner: _Runner) -> int:
+    def _margin(self, runner: Runner) -> int:
         """How many more examples `runner` can fail before it could be dropped (racing's bar, `_drop_hopeless`)."""
         bar = getattr(self, "_bar_now", None)
         if bar is None:  # fewer places taken than kept: nothing can be dropped yet
             return self.settings.chunk
         return runner.correct + self._total - len(runner.done) + bar[0] + 1  # bar[0]: minus the bar's right answers
 
-    def _score_chunks(self, batch: list[_Runner], state: SearchState) -> int:
+    def _score_chunks(self, batch: list[Runner], state: SearchState) -> int:
         """Score each runner of `batch` on its next chunk of examples it has not met, those failed most often
         first (one replica each when there are several); how many verdicts."""
         jobs = []
@@ -485,15 +504,17 @@ def _key_of(scales: tuple[float, ...]) -> str:
     return json.dumps(scales)
 
 
-def _selection_key(correct: int, deviation: float, order: int) -> tuple:
+def selection_key(correct: int, deviation: float, order: int) -> tuple:
+    """The selection rule's key (smaller ranks higher): right answers, then the gentler curve, then queue order."""
     # At equal fitness the curve that changes the model least wins (deviation is 0 with
     # ties="first"): it keeps what the model learned at its own positions wherever scaling does not help.
     return (-correct, round(deviation, 9), order)
 
 
 def _rank(scored: Scored, total: int) -> tuple:
-    return _selection_key(round(scored.fitness * total), scored.deviation, scored.order)
+    return selection_key(round(scored.fitness * total), scored.deviation, scored.order)
 
 
-def _best(scored: list[Scored], count: int, total: int) -> list[Scored]:
+def best_scored(scored: list[Scored], count: int, total: int) -> list[Scored]:
+    """The `count` best of `scored` (fitness over `total` examples) by the selection rule."""
     return sorted(scored, key=lambda s: _rank(s, total))[:count]

@@ -43,6 +43,7 @@ from lpes.foundation.spec import RopeScheme
 from lpes.search.ga import GASettings, Scored, SearchState
 from lpes.search.genome import Curve, SearchSpace
 from lpes.search.objective import LIKELIHOODS, weighted
+from lpes.search.optimizers import Optimizer, register
 
 NAME = "gradient"
 # 2: one Adam step per mini-batch. A checkpoint of another version would resume other steps: refused.
@@ -60,8 +61,24 @@ class GradientSettings:
     batch_size: int = 8
 
 
-class GradientSearch:
+@register
+class GradientSearch(Optimizer):
     """Adam on the control points' log-scales; checkpoints, patience and progress as the other optimizers."""
+
+    name = NAME
+    order = 30
+    verdicts, likelihood = False, True
+    why = "right/wrong verdicts have no gradient"
+
+    @classmethod
+    def population(cls, degree: int) -> int:
+        """Adam keeps no population; the spec records this one (6, what it has always recorded)."""
+        return 6
+
+    @classmethod
+    def build(cls, plan, options, evaluator, settings, on_generation, step_progress) -> GradientSearch:
+        return cls(plan.space, evaluator, settings, plan.weights, on_generation, step_progress,
+                   GradientSettings(options.learning_rate, options.batch_size), [n for n, _ in plan.lengths])
 
     def __init__(self, space: SearchSpace, evaluator, settings: GASettings, weights: list[float],
                  on_generation: Callable[[SearchState], None] | None = None, step_progress=None,

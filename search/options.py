@@ -11,15 +11,14 @@ from lpes.foundation.errors import LpesError
 from lpes.foundation.spec import ROPE_SCHEMES
 from lpes.search.baselines import parse_baselines
 from lpes.search.fitness import METHODS
+from lpes.search.ga import GA_POPULATION as GA_POPULATION  # lpes-search --help names it
 from lpes.search.ga import GASettings
 from lpes.search.genome import ScaleGrid
-from lpes.search.objective import LIKELIHOODS, OBJECTIVES
+from lpes.search.objective import OBJECTIVES
+from lpes.search.optimizers import Optimizer, optimizer
 from lpes.search.replicas import check_replica_options
 
 TIES = ("gentle", "first")
-# the papers' genetic algorithm; CMA-ES (search/cma.py); Adam on the curve by autograd (search/gradient.py)
-OPTIMIZERS = ("ga", "cmaes", "gradient")
-GA_POPULATION = 32  # LongRoPE's GA used 64; racing makes a larger one cheap, 32 is enough for 4 points
 DTYPE_CHOICES = ("auto", "float32", "float16", "bfloat16")
 # Sane bounds: beyond them a typo would run for days or allocate without end.
 MAX_POPULATION = 10_000
@@ -34,7 +33,7 @@ MAX_LENGTH_MINUTES = 10_000
 @dataclass(frozen=True)
 class SearchOptions:
     data: str | None = None  # kv:pairs=N,... or FILE.jsonl; None: the model folder's own task
-    # None: the optimizer's own (GA_POPULATION; 6 for CMA-ES, search/cma.py default_population).
+    # None: the optimizer's own (its `population`, search/optimizers.py: 32 for the GA, 6 for CMA-ES).
     population: int | None = None
     generations: int = 20
     # "cmaes": CMA-ES (search/cma.py), the default by bench/bench_search.py: 11-21x fewer tokens than the
@@ -119,9 +118,7 @@ def check_options(options: SearchOptions) -> tuple[ScaleGrid, GASettings]:
         _check_range("--population", options.population, 2, MAX_POPULATION)
     _check_range("--generations", options.generations, 0, MAX_GENERATIONS)
     _check_range("--patience", options.patience, 0, MAX_GENERATIONS)
-    if options.optimizer not in OPTIMIZERS:
-        raise LpesError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {options.optimizer!r}")
-    _check_objective(options)
+    _check_objective(options, optimizer(options.optimizer))  # the optimizers are search/optimizers.py's registry
     _check_range("--degree", options.degree, 1, MAX_DEGREE)
     if options.method not in METHODS:
         raise LpesError(f"--method must be one of {', '.join(METHODS)}")
@@ -153,26 +150,19 @@ def check_options(options: SearchOptions) -> tuple[ScaleGrid, GASettings]:
     return grid, settings
 
 
-def _check_objective(options: SearchOptions) -> None:
+def _check_objective(options: SearchOptions, chosen: type[Optimizer]) -> None:
     if options.objective not in OBJECTIVES:
         raise LpesError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {options.objective!r}")
-    if options.objective in LIKELIHOODS and options.optimizer == "ga":
-        raise LpesError(f"--objective {options.objective} works with --optimizer cmaes or gradient; the GA races "
-                        "exact right/wrong counts")
-    if options.optimizer == "gradient" and options.objective not in LIKELIHOODS:
-        raise LpesError("--optimizer gradient climbs the gold answer's likelihood: add --objective logprob or "
-                        "answer-logprob (right/wrong verdicts have no gradient)")
+    chosen.check(options)  # the objectives it climbs
     if not (math.isfinite(options.learning_rate) and 0 < options.learning_rate <= 10):
         raise LpesError(f"--learning-rate must be in (0, 10], got {options.learning_rate}")
 
 
 def resolve_population(options: SearchOptions) -> int:
     """--population, or the optimizer's own default."""
-    from lpes.search.cma import default_population
-
     if options.population is not None:
         return options.population
-    return GA_POPULATION if options.optimizer == "ga" else default_population(options.degree)
+    return optimizer(options.optimizer).population(options.degree)
 
 
 def check_answer_tokens(value: int | None) -> None:

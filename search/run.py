@@ -31,9 +31,10 @@ from lpes.search.baselines import (
     scan_stock_objective,
 )
 from lpes.search.fitness import ModelEvaluator, UsageMeter
-from lpes.search.ga import GASettings, GeneticSearch, SearchState
+from lpes.search.ga import GASettings, SearchState
 from lpes.search.genome import ScaleGrid
 from lpes.search.objective import LIKELIHOODS, OWN_ANSWERS
+from lpes.search.optimizers import optimizer
 from lpes.search.options import SearchOptions, check_options, with_defaults
 from lpes.search.plan import SearchPlan, gold_count, plan_search
 from lpes.search.progress import StepProgress, clock
@@ -49,19 +50,9 @@ LADDER_SHARE, LADDER_MIN_SECONDS = 0.25, 120.0
 
 def search_loop(plan: SearchPlan, options: SearchOptions, evaluator: ModelEvaluator, settings: GASettings,
                 after_generation, step_progress):
-    """The search loop of `--optimizer` and `--objective`: the GA or CMA-ES racing verdicts (same racing,
-    checkpoints, patience), CMA-ES on the likelihood, or gradient ascent on it."""
-    from lpes.search.cma import CMASearch, LogprobCMASearch
-    from lpes.search.gradient import GradientSearch, GradientSettings
-
-    args = (plan.space, evaluator, settings, after_generation, step_progress)
-    if options.optimizer == "gradient":
-        return GradientSearch(plan.space, evaluator, settings, plan.weights, after_generation, step_progress,
-                              GradientSettings(options.learning_rate, options.batch_size),
-                              [n for n, _ in plan.lengths])
-    if options.objective in LIKELIHOODS:
-        return LogprobCMASearch(*args, weights=plan.weights)
-    return GeneticSearch(*args) if options.optimizer == "ga" else CMASearch(*args)
+    """The search loop of `--optimizer` (search/optimizers.py's registry: the GA or CMA-ES racing verdicts with the
+    same racing, checkpoints and patience, CMA-ES on the likelihood, or gradient ascent on it) and `--objective`."""
+    return optimizer(options.optimizer).build(plan, options, evaluator, settings, after_generation, step_progress)
 
 
 def search(model: str, out: str | Path, options: SearchOptions = SearchOptions(), force: bool = False,
