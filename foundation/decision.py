@@ -340,8 +340,13 @@ def decided(rows: Sequence[Row], alpha: float, prompts: int, middle_prompts: int
     chosen, reason = _choose(rows, eligible, alpha, prompts, middle_prompts)
     unchecked = _choose(rows, rows, alpha, prompts, middle_prompts)[0]
     if unchecked is not chosen:  # what the search length alone would ship breaks longer, or means two models
-        why = (broken[unchecked.name].line() if unchecked.name in broken else
-               f"vLLM computes it otherwise ({SCHEMES[unchecked.rope_type].vllm})")
+        if unchecked.name in broken:
+            held = lengths.limit_for(unchecked, alpha) if unchecked.kind != "stock" or \
+                SCHEMES[unchecked.rope_type].vllm_same else None
+            why = broken[unchecked.name].line() + (
+                f" (it holds up to {held:,}: --serve-length {held} ships it with that limit)" if held else "")
+        else:
+            why = f"vLLM computes it otherwise ({SCHEMES[unchecked.rope_type].vllm})"
         reason = f"{unchecked.name} not shipped: {why}; {reason}"
     if lengths and lengths.checked < lengths.serve:
         reason += f"; checked up to {lengths.checked:,} tokens ({lengths.stopped})"
@@ -370,7 +375,8 @@ def _choose(rows: Sequence[Row], eligible: Sequence[Row], alpha: float, prompts:
             return option, f"{option.name} shipped; {rival.name} not: {gain(rival, option, cmp)}"
         below = best[max(lv for lv in levels if lv < level)] if level > levels[0] else None
         if below is None:
-            return option, f"{option.name} shipped: the only candidate"
+            alone = "the only candidate" if len(eligible) == len(rows) else "the only one that holds"
+            return option, f"{option.name} shipped: {alone}"
         return option, f"{option.name} shipped: {gain(option, below, _versus(rows, option, below))}"
     raise AssertionError("the most complex level is never beaten")
 

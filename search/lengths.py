@@ -72,4 +72,8 @@ def run_ladder(pool, candidates: list[tuple[str, Any]], ids: list[int] | None, s
         losses = pool.token_losses(candidate, ids[:checked], None)
         results = compare_by_rung(losses, unscaled, [r for r in ladder if r <= checked], start=search - 1)
         checks.append((name, tuple(results)))
+    if progress:
+        budget = "" if budget_seconds is None else f" (budget {budget_seconds:.0f} s)"
+        print(f"lpes-search: lengths: checked up to {checked:,} tokens in {time.perf_counter() - started:.0f} s"
+              f"{budget}", file=sys.stderr, flush=True)
     return Lengths(search, serve, trained, checked, probe, tuple(checks), stopped)

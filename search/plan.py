@@ -127,8 +127,9 @@ def _ladder(config, tokenizer, search: int, options: SearchOptions, prompts: lis
     default = max(trained, search)
     serve = check_serve_length(default if options.serve_length is None else options.serve_length, search, trained,
                                options.beyond_trained)
-    if not rungs(search, serve):
-        return None
+    if not rungs(search, serve):  # nothing longer to check; a serving length below the model's is still its limit
+        return None if serve >= trained else LadderPlan(search, serve, trained, None, "none: served at the search "
+                                                        "length")
     _check_ladder_memory(config, serve, options)
     if options.length_text is not None:  # the user's own: it must serve
         ids = probe_ids(tokenizer, serve, _prefix(read_text(options.length_text), serve), "--length-text")

@@ -42,7 +42,7 @@ def test_a_break_at_one_rung_keeps_the_candidate_from_shipping_and_the_reason_na
     decision = decide(_candidates(N, BASE, UNIFORM, UNIFORM), _table(N), lengths=lengths)
     assert decision.ship.kind == "unscaled"
     assert decision.reason.startswith("uniform s=0.75 not shipped: at 1,600 tokens +2.40 nats/token over unscaled "
-                                      "(25/0 blocks worse/better, p = 6e-08); unscaled shipped")
+                                      "(25/0 blocks worse/better, p = 6e-08) (it holds up to 800")
     assert parse_decision(json.loads(json.dumps(decision.to_json()))) == decision
     # the curve, as good at the search length, that holds at every rung: it ships in the uniform scale's place
     holds = decide(_candidates(N, BASE, UNIFORM, UNIFORM), _table(N), lengths=_lengths(list(lengths.checks[0][1])))
@@ -285,3 +285,10 @@ def test_plots_and_tables_name_what_ships_as_what_it_is():
     assert variant_label(hub, "YaRN f=1.75") == "YaRN f=1.75, Hub folder"
     assert variant_label(reference, "YaRN f=1.75") == "YaRN f=1.75 (PyTorch reference)"
     assert variant_label(hub) == "LPES, Hub folder"  # a per-layer curve is LPES
+
+
+def test_a_break_says_how_far_the_candidate_holds_and_the_flag_that_ships_it():
+    lengths = _lengths([_rung(800, 0.0, 5, 5), _rung(1600, 0.6, 66, 15)], curve_too=True)
+    decision = decide(_candidates(N, BASE, UNIFORM, UNIFORM), _table(N), lengths=lengths)
+    assert "(it holds up to 800: --serve-length 800 ships it with that limit); unscaled shipped: the only one " \
+           "that holds" in decision.reason
