@@ -186,7 +186,7 @@ def plot_lengths(lengths: Lengths, alpha: float, path: Path, shipped: str | None
     (foundation/decision.py Lengths), one line per candidate; a filled marker where it breaks."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.axhline(0.0, color="grey", linewidth=1, label="unscaled")
+    ax.axhline(0.0, color="grey", linewidth=1, label="unscaled (shipped)" if shipped == "unscaled" else "unscaled")
     ax.axhline(LENGTH_MARGIN, color="grey", linewidth=1, linestyle=":", label=f"margin ({LENGTH_MARGIN:g} nats)")
     for number, (name, checks) in enumerate(lengths.checks):
         if not checks:
@@ -200,7 +200,7 @@ def plot_lengths(lengths: Lengths, alpha: float, path: Path, shipped: str | None
                 color=line.get_color())
     ax.set_xscale("log", base=2)
     rungs = sorted({r.length for _, checks in lengths.checks for r in checks})
-    ax.set_xticks(rungs, [f"{r:,}" for r in rungs])
+    ax.set_xticks(rungs, [f"{r:,}" for r in rungs], rotation=45, ha="right")
     ax.minorticks_off()
     ax.set_xlabel("prompt length (tokens); filled: significantly worse than unscaled there")
     ax.set_ylabel("next-token loss over unscaled (nats/token)")
