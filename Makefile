@@ -89,8 +89,11 @@ real-demo: install
 	@echo "8,192 positions): 40 calibration prompts of about 400 tokens, uniform scales from 0.5 (compression)"
 	@echo "to 4 and a per-layer CMA-ES search, then the decision on 200 held-out prompts (its table above):"
 	@echo "measured here, one compression, s = 0.75 in every layer, answers 31.5% against 23.0% unscaled"
-	@echo "(p = 0.0002), and no per-layer curve beat it, so the decision is that stock setting. lpes-convert"
-	@echo "shipped it (config.json: linear RoPE scaling, no custom code) as a Hub folder, an ONNX export and an"
+	@echo "(p = 0.0002), and no per-layer curve beat it. Then the ladder of lengths (its second table): each"
+	@echo "option's next-token loss against the unscaled model's on a long text, up to the 8,192 positions the"
+	@echo "model serves. s = 0.75 holds to 6,896 tokens and breaks past 0.75 x 8,192 = 6,144 (+0.60 nats/token"
+	@echo "at 8,192), so the decision is the unscaled model; --serve-length 6896 would ship s = 0.75 with that"
+	@echo "limit in config.json. lpes-convert shipped the decision as a Hub folder, an ONNX export and an"
 	@echo "onnxruntime-genai package, each checked against the PyTorch reference on 20 held-out prompts."
 	@echo "  $(REAL)/smollm2-135m-lpes/validation.md      the table; validation.json has every generation"
 

@@ -424,19 +424,20 @@ def format_table(decision: Decision, label: str = "Decision", shipped: str | Non
         lines.append(f"| {row.name}{mark} | {row.all:.1f} | {row.middle:.1f} | {against} |")
     lines.append("")
     if decision.lengths is not None:
-        lines += ladder_table(decision.lengths, decision.alpha) + [""]
+        lines += ladder_table(decision.lengths, decision.alpha, escape) + [""]
     reason = markdown_text(decision.reason) if escape else decision.reason
     lines.append(f"{label} (McNemar's exact test, alpha {decision.alpha:g}): {reason}")
     return lines
 
 
-def ladder_table(lengths: Lengths, alpha: float) -> list[str]:
+def ladder_table(lengths: Lengths, alpha: float, escape: bool = True) -> list[str]:
     """Each candidate at each rung of the ladder of lengths: its loss excess over the unscaled model, and where
-    it breaks (foundation/decision.py RungCheck)."""
+    it breaks (foundation/decision.py RungCheck). `escape` False: the probe's words as they are (a terminal's)."""
     rungs = sorted({r.length for _, checks in lengths.checks for r in checks})
     checked = f"checked up to {lengths.checked:,} of {lengths.serve:,} tokens" if lengths.checked < lengths.serve \
         else f"checked up to {lengths.serve:,} tokens"
-    lines = [f"Lengths ({markdown_text(lengths.probe)}, nats/token over unscaled; {checked}):", "",
+    probe = markdown_text(lengths.probe) if escape else lengths.probe
+    lines = [f"Lengths ({probe}; nats/token over unscaled, {checked}):", "",
              "| candidate | " + " | ".join(f"{r:,}" for r in rungs) + " |", "|---|" + "---:|" * len(rungs)]
     for name, checks in lengths.checks:
         by_length = {r.length: r for r in checks}
