@@ -99,6 +99,9 @@ def plan_search(model: str, out: Path, options: SearchOptions, force: bool) -> S
     check_positions([(e.gold_index, e.num_pairs) for e in holdout], "--data (held out)")
     lengths = _lengths(tokenizer, examples)
     ladder = _ladder(config, tokenizer, max(n for _, n in lengths), options, [e.prompt for e in every])
+    if ladder is None:  # said, so that nobody takes a decision made at one length for one checked at more
+        notes.append(f"lengths: no longer prompt to check: the model serves {max(n for _, n in lengths):,} tokens, "
+                     "the search length (--serve-length checks longer ones)")
     _check_scheme_reaches(config, rope, grid, max(n for _, n in lengths))
     if options.optimizer == "gradient":
         from lpes.search.gradient import check_gradient_search

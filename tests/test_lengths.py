@@ -200,6 +200,7 @@ def test_a_convert_of_a_limited_decision_writes_the_limit(tmp_path):
     assert "**Serve this folder at most 128 tokens**" in card and "`--max-model-len 128`" in card
     assert "transformers warns at load that a linear factor should be at least 1 (0.75 here" in card
     assert "| uniform s=0.75 | +0.00 |" in card  # the lengths table, every candidate at every rung
+    assert (out / "lpes_lengths.png").is_file() and "(lpes_lengths.png)" in card
 
 
 def test_a_validation_where_what_ships_answers_below_unscaled_says_so_before_passed():
@@ -292,3 +293,19 @@ def test_a_break_says_how_far_the_candidate_holds_and_the_flag_that_ships_it():
     decision = decide(_candidates(N, BASE, UNIFORM, UNIFORM), _table(N), lengths=lengths)
     assert "(it holds up to 800: --serve-length 800 ships it with that limit); unscaled shipped: the only one " \
            "that holds" in decision.reason
+
+
+def test_a_search_with_no_longer_prompt_to_check_says_so(tmp_path):
+    """make demo's case: searched at 512 positions of a model trained on 256, serving 512: no rung, one line."""
+    import contextlib
+    import io
+
+    from lpes.cli import search_main
+
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr):
+        code = search_main(["lpes-tiny-kv", "--out", str(tmp_path / "best.json"), "--data",
+                            "tiny-kv:examples=1,length=512", "--scale-grid", "1:2:1", "--generations", "0",
+                            "--population", "2", "--holdout", "0", "--baselines", "none"])
+    assert code == 0, stderr.getvalue()
+    assert "lpes-search: lengths: no longer prompt to check: the model serves" in stderr.getvalue()

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lpes.converter.model_card import LENGTHS_PLOT
 from lpes.exporters.targets import find_spec
 from lpes.foundation.files import write_text_atomic
 from lpes.foundation.spec import Spec
@@ -167,7 +168,8 @@ def validate(
                               prompt_tokens=kv_plan.prompt_tokens if results else [],
                               task=task_line(task, kv_plan.tokenizer, kv_plan.prompt_tokens), setup_problem=setup,
                               console_paths=rerun.console_paths(), searched_on=searched_on,
-                              decision=spec.decision, shipped=_shipped_name(spec))
+                              decision=spec.decision, shipped=_shipped_name(spec),
+                              lengths_plot=LENGTHS_PLOT if (out_dir / LENGTHS_PLOT).is_file() else None)
     report.warnings += kv_plan.warnings + _answer_warnings(results, kv_plan.examples)
     write_report(report, out_dir)
     _rewrite_model_card(out_dir, report, spec, config, spec.base_model or name)

@@ -75,6 +75,7 @@ class ValidationReport:
     decision: Decision | None = None  # lpes-search's held-out decision (the spec's), shown beside this run's test
     # What the folder holds where it is not a per-layer curve ("YaRN f=1.75"): plots and tables name it so.
     shipped: str | None = None
+    lengths_plot: str | None = None  # the folder's plot of the decision's ladder of lengths, where it has one
 
     @property
     def verdict(self) -> str:
@@ -269,6 +270,8 @@ class ValidationReport:
                       f"{markdown_text(self.decision.reason)}.", ""]
             if self.decision.lengths is not None:  # and how each option held on longer prompts
                 lines += ladder_table(self.decision.lengths, self.decision.alpha) + [""]
+                if self.lengths_plot:
+                    lines += [f"![the decision across lengths]({self.lengths_plot})", ""]
         return lines
 
     def measured(self) -> Measured | None:
@@ -294,6 +297,8 @@ class ValidationReport:
     def format(self) -> str:
         """What the CLI prints: the table, the verdict, and which results were kept."""
         text = self.markdown().replace(f"\n![accuracy by gold index]({PLOT_FILE})\n", "")
+        if self.lengths_plot:
+            text = text.replace(f"![the decision across lengths]({self.lengths_plot})\n", "")
         if self.kept:
             text += self.kept + "\n"
         for published, console in self.console_paths.items():
