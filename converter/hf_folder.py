@@ -41,6 +41,7 @@ from lpes.converter.reference import check_rope_scheme
 from lpes.foundation.errors import LpesError
 from lpes.foundation.files import write_text_atomic
 from lpes.foundation.plots import plot_curve, plot_lengths
+from lpes.foundation.rope_schemes import SCHEMES
 from lpes.foundation.spec import LINEAR_ROPE, RopeScheme, Spec, dump_spec
 from lpes.foundation.spec_file import SPEC_FILE
 
@@ -146,7 +147,7 @@ def stock_rope_parameters(
     if not rope.linear:
         if layer_types is not None or len(set(scales)) != 1:
             return None
-        if rope.rope_type == "yarn" and float(scales[0]) == 1.0:
+        if float(scales[0]) == 1.0 and SCHEMES[rope.rope_type].unscaled_at_factor_one:  # YaRN at 1 (rope_schemes)
             return dict(rope_parameters)
         return lpes_rope.scheme_rope_parameters(rope_parameters, max_position_embeddings, rope.for_lpes_rope(),
                                                 float(scales[0]))

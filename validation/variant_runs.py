@@ -13,6 +13,7 @@ from typing import Any
 from lpes.exporters.targets import RunContext, RunnerUnavailable, registry
 from lpes.foundation.devices import check_device, format_bytes
 from lpes.foundation.errors import LpesError
+from lpes.foundation.rope_schemes import SCHEMES
 from lpes.foundation.spec import LINEAR_ROPE, Spec, StockRope
 from lpes.validation import checks, scoring
 from lpes.validation.examples import Example
@@ -132,7 +133,8 @@ def plan_variants(spec: Spec, config, longest: int, exports, baseline_note: str 
     twin = next((v.name for v in planned if v.scales == tuple(spec.scales) and v.same_as is None), None)
     single = spec.rope.length_dependent  # per-layer dynamic NTK: each example's own length, as its stock twin
     if not spec.rope.linear:  # the scales are yarn/dynamic factors (lpes_rope): YaRN at 1 alone is unscaled
-        twin = UNSCALED if spec.rope.rope_type == "yarn" and set(spec.scales) == {1.0} else None
+        one = set(spec.scales) == {1.0} and SCHEMES[spec.rope.rope_type].unscaled_at_factor_one
+        twin = UNSCALED if one else None
         if twin is None and len(set(spec.scales)) == 1:  # one factor everywhere: that stock baseline (a decision)
             stock = spec.rope.stock(spec.scales[0])
             twin = next((v.name for v in planned if v.rope == stock and v.same_as is None and not v.skipped), None)
