@@ -335,14 +335,16 @@ def decided(rows: Sequence[Row], alpha: float, prompts: int, middle_prompts: int
         return rows[0], (f"{prompts} held-out prompts cannot show a {DETECTABLE_POINTS:g}-point gain at p < {alpha:g} "
                          f"(it takes {smallest_detectable(alpha)}): shipping the unscaled model; hold out more prompts")
     broken = lengths.broken(alpha) if lengths else {}
-    unservable = {r.name for r in rows if r.kind == "stock" and not SCHEMES[r.rope_type].vllm_same}
+    # A stock type vLLM computes otherwise (rope_schemes.py); a row of unknown type (validation's own table names
+    # its baselines only) is taken as served alike.
+    unservable = {r.name for r in rows if r.kind == "stock" and r.rope_type in SCHEMES
+                  and not SCHEMES[r.rope_type].vllm_same}
     eligible = [r for r in rows if r.name not in broken and r.name not in unservable]
     chosen, reason = _choose(rows, eligible, alpha, prompts, middle_prompts)
     unchecked = _choose(rows, rows, alpha, prompts, middle_prompts)[0]
     if unchecked is not chosen:  # what the search length alone would ship breaks longer, or means two models
         if unchecked.name in broken:
-            held = lengths.limit_for(unchecked, alpha) if unchecked.kind != "stock" or \
-                SCHEMES[unchecked.rope_type].vllm_same else None
+            held = lengths.limit_for(unchecked, alpha) if unchecked.name not in unservable else None
             why = broken[unchecked.name].line() + (
                 f" (it holds up to {held:,}: --serve-length {held} ships it with that limit)" if held else "")
         else:

@@ -309,3 +309,20 @@ def test_a_search_with_no_longer_prompt_to_check_says_so(tmp_path):
                             "--population", "2", "--holdout", "0", "--baselines", "none"])
     assert code == 0, stderr.getvalue()
     assert "lpes-search: lengths: no longer prompt to check: the model serves" in stderr.getvalue()
+
+
+def test_validation_repeats_the_decision_with_a_stock_baseline_among_its_variants():
+    """make demo's validation: a YaRN baseline variant in the table (named, its type unknown to the table)."""
+    from lpes.validation.examples import Example
+    from lpes.validation.results import REFERENCE, UNSCALED, ValidationReport, VariantResult
+    from lpes.validation.scoring import ExampleResult, Scores
+
+    def scores(right: set[int]) -> Scores:
+        return Scores(tuple(ExampleResult(i, i % 4, "", i in right) for i in range(200)), 0)
+
+    examples = [Example(f"p{i}", "v", i % 4, 4) for i in range(200)]
+    variants = [VariantResult(UNSCALED, "ok", scores(set(range(0, 200, 2)))),
+                VariantResult("YaRN f=1.75", "ok", scores(set(range(0, 200, 2)) | {1, 3, 5}), baseline=True),
+                VariantResult(REFERENCE, "ok", scores(set(range(0, 200, 2)) | {1, 3, 5, 7}))]
+    text = ValidationReport("m", examples, variants, None, shipped="YaRN f=1.75").markdown()
+    assert "| YaRN f=1.75 **(decided)** |" in text or "| unscaled **(decided)** |" in text
