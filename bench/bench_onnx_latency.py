@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from lpes.converter.loading import resolve_for_spec
 from lpes.exporters.onnx import export as onnx_export
 from lpes.exporters.onnx import graph_io as onnx_io
 from lpes.exporters.onnx.export import export_onnx
@@ -184,9 +185,10 @@ def export_all(args, work: Path, shape: dict) -> dict:
     if not reuse:
         build_model(model_dir, shape)
         start = time.perf_counter()
-        export_onnx(model_dir, Spec.from_scales(lpes_scales(shape["num_hidden_layers"])), folders["lpes"])
+        layers = shape["num_hidden_layers"]
+        export_onnx(resolve_for_spec(model_dir, Spec.from_scales(lpes_scales(layers))), folders["lpes"])
         info["lpes_export_seconds"] = round(time.perf_counter() - start, 1)
-        export_onnx(model_dir, Spec.from_scales([1.0] * shape["num_hidden_layers"]), folders["unscaled"])
+        export_onnx(resolve_for_spec(model_dir, Spec.from_scales([1.0] * layers)), folders["unscaled"])
     venv = find_optimum_venv(args.optimum_venv)
     if venv is None:
         print(f"optimum skipped: no optimum-cli in {args.optimum_venv or ' or '.join(map(str, DEFAULT_OPTIMUM_VENVS))}")

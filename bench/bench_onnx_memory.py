@@ -56,13 +56,14 @@ def build(work: Path, dtype: str) -> dict:
 def export(work: Path, dtype: str) -> dict:
     import torch
 
+    from lpes.converter.loading import resolve_for_spec
     from lpes.exporters.onnx.export import export_onnx
     from lpes.foundation.spec import Spec
 
     torch.set_num_threads(2)
     scales = lpes_scales(SHAPE["num_hidden_layers"])
     start = time.perf_counter()
-    export_onnx(work / "model", Spec.from_scales(scales), work / "onnx", dtype=dtype)
+    export_onnx(resolve_for_spec(work / "model", Spec.from_scales(scales)), work / "onnx", dtype=dtype)
     return {"export_seconds": round(time.perf_counter() - start, 1)}
 
 

@@ -33,7 +33,7 @@ from typing import Any
 
 from lpes.converter import lpes_rope
 from lpes.converter.architectures import architecture_for
-from lpes.converter.loading import PICKLE_SUFFIXES, resolved_for_model
+from lpes.converter.loading import PICKLE_SUFFIXES, ResolvedModel
 from lpes.converter.model_card import LENGTHS_PLOT, write_model_card
 from lpes.converter.modeling_template import MODELING_LPES
 from lpes.converter.portable_files import COPIED_TOKENIZER_FILES, write_config_json, write_tokenizer_files
@@ -60,15 +60,13 @@ class HubFolderWritten:
 
 
 def write_hf_folder(
-    model_path: Path, spec: Spec, out_dir: Path, base_model: str, lpes_version: str, model_card: bool = True,
-    config: Any = None,
+    model: ResolvedModel, out_dir: Path, base_model: str, lpes_version: str, model_card: bool = True,
 ) -> HubFolderWritten:
-    """Write the Hub folder for `model_path` + `spec` into `out_dir` (which must exist).
+    """Write the Hub folder for `model` (its folder, config and resolved spec) into `out_dir` (which must exist).
 
     `model_card=False` leaves README.md to the caller (lpes-convert writes it once, after validation).
-    `config`: the model's config with `spec` resolved for it (lpes-convert's ExportJob); None: read here.
     """
-    config, spec = resolved_for_model(model_path, spec, config)
+    model_path, config, spec = model.path, model.config, model.spec
     if getattr(config, "auto_map", None):
         raise LpesError(f"{model_path} is itself custom code (auto_map); lpes wraps only built-in transformers models")
     base_class = (config.architectures or [None])[0]

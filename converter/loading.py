@@ -13,6 +13,7 @@ import math
 import os
 import re
 import sys
+from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -340,16 +341,21 @@ def load_config(path: Path):
     return config
 
 
-def resolved_for_model(model_path: Path, spec: Spec, config: Any = None) -> tuple[Any, Spec]:
-    """The model's config and `spec` with one scale per layer of it, resolved once per run.
+@dataclass(frozen=True)
+class ResolvedModel:
+    """A model folder, its transformers config and a spec with one scale per layer of it: what a command's plan
+    resolved once (validation/model_preflight.py) and every stage after it takes as it is."""
 
-    `config` given: the caller resolved both already (lpes-convert's plan, `ExportJob`), and they
-    are used as they are; None: the config is read from `model_path` and `spec` resolved for it.
-    """
-    if config is not None:
-        return config, spec
+    path: Path
+    config: Any
+    spec: Spec
+
+
+def resolve_for_spec(model_path: str | os.PathLike, spec: Spec) -> ResolvedModel:
+    """The config read and `spec` resolved for its layers: for callers without a plan (the Python API, benchmarks,
+    tests). A command resolves once in its plan and hands the result on."""
     config = load_config(Path(model_path))
-    return config, spec.for_layers(config.num_hidden_layers)
+    return ResolvedModel(Path(model_path), config, spec.for_layers(config.num_hidden_layers))
 
 
 def _refuse_custom_code(path: Path) -> None:

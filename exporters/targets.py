@@ -34,12 +34,15 @@ import pkgutil
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from lpes.exporters.runners import GreedyRunner
 from lpes.foundation.errors import LpesError
 from lpes.foundation.spec import Spec, load_spec
 from lpes.foundation.spec_file import SPEC_FILE
+
+if TYPE_CHECKING:
+    from lpes.converter.loading import ResolvedModel
 
 
 class RunnerUnavailable(Exception):
@@ -78,6 +81,13 @@ class ExportJob:
     # The longest prompt + answer budget validation generates, in tokens (0: no validation or no tokenizer): an
     # export whose context is fixed when it is built (genai) must hold it.
     validation_tokens: int = 0
+
+    @property
+    def resolved(self) -> ResolvedModel:
+        """The model folder, config and spec as the plan resolved them, for the stages that take them."""
+        from lpes.converter.loading import ResolvedModel
+
+        return ResolvedModel(self.model_path, self.config, self.spec)
 
 
 @dataclass(frozen=True)

@@ -183,48 +183,13 @@ def _validate_parser() -> argparse.ArgumentParser:
 
 
 def _validate(argv: list[str] | None) -> int:
-    from lpes.converter.fingerprint import searched_elsewhere
-    from lpes.converter.loading import DEFAULT_MODEL, load_config, model_label, resolve_model
-    from lpes.converter.trust import check_hub_code
-    from lpes.converter.weights_dtype import dtype_note
-    from lpes.exporters.received import check_received_folder
-    from lpes.exporters.targets import find_spec
-    from lpes.foundation.devices import check_device, check_device_name, default_dtype
-    from lpes.search.options import check_answer_tokens
-    from lpes.validation.report_room import check_report_room
+    from lpes.validate_pipeline import ValidateOptions, execute, plan
 
     args = _validate_parser().parse_args(argv)
-    max_seconds = _max_seconds(args.max_minutes)
-    check_answer_tokens(args.answer_tokens)
-    if not args.dir.is_dir():
-        raise LpesError(f"{shown(args.dir)} is not a folder" if args.dir.exists()
-                        else f"folder not found: {shown(args.dir)}")
-    spec = find_spec(args.dir)  # no spec, or a bad one: refused before the checks below import transformers
-    check_device_name(args.device)  # a mistyped --device too (check_device, after torch, asks the machine)
-    check_hub_code(args.dir)  # before anything imports the folder's code (converter/trust.py)
-    check_received_folder(args.dir)  # and before a runtime opens a file or library it names (exporters/received.py)
-    plan_line = check_report_room(args.dir)  # before any prompt is scored (validation/report_room.py)
-    model = args.model or spec.provenance.get("base_model") or DEFAULT_MODEL
-    model_path = resolve_model(model)
-    from lpes.validation.report import validate  # torch and the scoring stack: after the checks that need neither
-    from lpes.validation.task_choice import check_task_encodes, resolve_task
-
-    config = load_config(model_path)
-    elsewhere = searched_elsewhere(spec.searched_model, model_path, config, model)
-    spec = spec.for_layers(config.num_hidden_layers)  # resolved once: validate() takes it as it is
-    device = check_device(args.device)
-    dtype = default_dtype(device) if args.dtype == "auto" else args.dtype
-    task = resolve_task(model_path, spec, args.data, args.chat_template, args.answer_tokens)
-    check_task_encodes(model_path, task, model_label(model))  # words the tokenizer lacks: refused before any line
-    # Said only now that every check has passed: a refusal above is the only line on stderr.
-    for line in [f"warning: {elsewhere}" if elsewhere else None, task.override, f"plan: {plan_line}",
-                 dtype_note(model_path, dtype)]:
-        if line:
-            print(f"lpes-validate: {line}", file=sys.stderr)
-    report = validate(model_path, args.dir, spec, data=args.data, chat_template=args.chat_template,
-                      answer_tokens=args.answer_tokens, reference_dtype=dtype, device=device,
-                      max_seconds=max_seconds, model_name=model, shown_dir=args.dir, shown_model=model,
-                      config=config, task=task)
+    options = ValidateOptions(args.dir, model=args.model, data=args.data, chat_template=args.chat_template,
+                              answer_tokens=args.answer_tokens, dtype=args.dtype, device=args.device,
+                              max_seconds=_max_seconds(args.max_minutes))
+    report = execute(plan(options))
     print(report.format())
     print("wrote " + ", ".join(shown(p) for p in report.files))
     return EXIT_STATUS[report.verdict]
@@ -250,32 +215,14 @@ def _generate_parser() -> argparse.ArgumentParser:
 
 
 def _generate(argv: list[str] | None) -> int:
-    from lpes.generate import generate_text
+    from lpes.generate import GenerateOptions, execute, nothing_written, plan
 
     args = _generate_parser().parse_args(argv)
-    if args.max_new_tokens < 1:
-        raise LpesError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
-    from lpes.exporters.received import check_received_folder
-    from lpes.generate import export_folder
-
-    onnx_dir = export_folder(args.dir)
-
-    check_received_folder(onnx_dir)  # names no file outside it, no library (exporters/received.py)
-    text = generate_text(onnx_dir, args.prompt, args.max_new_tokens, chat_template=args.chat_template)
+    planned = plan(GenerateOptions(args.dir, args.prompt, args.max_new_tokens, args.chat_template))
+    text = execute(planned)
     print(text)
     if not text.strip():
-        from lpes.converter.loading import load_tokenizer
-        from lpes.validation.kv_data import has_chat_template
-
-        has_template = has_chat_template(load_tokenizer(onnx_dir))
-        if args.chat_template and has_template:
-            hint = "the prompt went in through the chat template; try --no-chat-template"
-        elif has_template:
-            hint = "the prompt went in as typed; an instruct model may need its chat template (drop --no-chat-template)"
-        else:
-            hint = "the tokenizer has no chat template, so the prompt went in as typed"
-        print(f"lpes-generate: the model wrote nothing: its first new token ends the sequence (or decodes to "
-              f"nothing); {hint}", file=sys.stderr)
+        print(f"lpes-generate: {nothing_written(planned)}", file=sys.stderr)
     return 0
 
 

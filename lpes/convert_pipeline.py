@@ -18,14 +18,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lpes.converter.fingerprint import model_fingerprint, searched_elsewhere
-from lpes.converter.loading import check_dtype, load_config, model_label, model_location, resolve_model
-from lpes.converter.weights_dtype import dtype_note
+from lpes.converter.fingerprint import model_fingerprint
+from lpes.converter.loading import check_dtype, model_label
 from lpes.exporters.targets import ExportJob, Target, default_targets, parse_targets, targets_where
 from lpes.foundation.errors import LpesError
-from lpes.foundation.outputs import check_output_folder, staged_output
+from lpes.foundation.outputs import staged_output
 from lpes.foundation.preflight import check_folder_room
 from lpes.foundation.spec import Spec, load_spec
+from lpes.validation.model_preflight import DEFAULT_MAX_SECONDS, Output, Request, TaskRequest, preflight
 
 if TYPE_CHECKING:
     from lpes.validation.report import ValidationReport
@@ -44,7 +44,7 @@ class ConvertOptions:
     validate: bool = True
     push_to_hub: str | None = None
     data: str | None = None  # validation examples, as lpes-validate --data (None: the task the curve was searched on)
-    max_validation_seconds: float | None = 20 * 60  # key-value scoring estimated longer is skipped; None: no limit
+    max_validation_seconds: float | None = DEFAULT_MAX_SECONDS
     chat_template: bool | None = None  # None: as the search did (the spec's provenance), else on
     answer_tokens: int | None = None  # the answer budget over the task's (None: the search's, else the task's)
     ship: str = "decision"  # SHIP_CHOICES: what lpes-search's held-out decision names, or the per-layer curve
@@ -91,35 +91,20 @@ def plan(options: ConvertOptions) -> ConvertPlan:
     """Check every input; raise LpesError with one line for the first problem found."""
     target_classes = parse_targets(options.targets if options.targets is not None else default_targets())
     check_dtype(options.dtype)
-    # The spec file and --out first where that needs no model: their typos cost a second, not the model's checks.
+    # The spec file first: its typos cost a second, not the model's checks (the preflight checks --out next).
     spec = load_spec(options.spec) if not isinstance(options.spec, Spec) else options.spec
-    where = model_location(options.model)
-    inputs = _inputs(options, spec)  # --force replaces --out whole: none of them may be in it
-    out = check_output_folder(options.out, where, options.force, inputs) if where is not None else None
-    model_path = resolve_model(options.model)
-    from lpes.converter.reference import check_layout, check_rope_scheme  # torch: 3 s, after the cheap refusals
-
-    config = load_config(model_path)
-    spec = spec.for_layers(config.num_hidden_layers)
-    warnings = [_warn_if_made_for_another_model(spec, config, model_path, options.model)]  # said once all checks held
-    check_layout(config)
-    spec, ship_note = shipped_spec(spec, options.ship, config, model_label(options.model))
+    label = model_label(options.model)
+    task = TaskRequest(options.data, options.chat_template, options.answer_tokens) if options.validate else None
+    resolved = preflight(Request(
+        "lpes-convert", str(options.model), Output(options.out, "folder", options.force, _inputs(options, spec)),
+        spec, spec_for_config=lambda searched, config: shipped_spec(searched, options.ship, config, label),
+        task=task, dtype=options.dtype))
+    spec, config, model_path = resolved.spec, resolved.config, resolved.model_path
+    warnings = resolved.warnings  # said once every check has held
     if spec.search_task and spec.search_task.prompt_tokens:  # a curve is specific to the length it was searched at
         from lpes.converter.architectures import window_warning
 
         warnings.append(window_warning(config, spec.scales, spec.search_task.prompt_tokens[1], "the shipped scaling"))
-    check_rope_scheme(config, spec.rope)  # per-layer yarn/dynamic need a model whose own RoPE is plain
-    if out is None:  # a hub model's folder is known once downloaded
-        out = check_output_folder(options.out, model_path, options.force, inputs)
-    task, longest = None, 0
-    if options.validate:  # a typo in --data, or the search's data file missing, fails now, not after the export
-        from lpes.search.options import check_answer_tokens
-        from lpes.validation.task_choice import check_task_encodes, resolve_task
-
-        check_answer_tokens(options.answer_tokens)
-        task = resolve_task(model_path, spec, options.data, options.chat_template, options.answer_tokens)
-        # A tokenizer that fails: now, one line. The longest sequence sizes a fixed-context export (genai).
-        longest = check_task_encodes(model_path, task, model_label(options.model))
     uploaded = targets_where("uploads")
     if options.push_to_hub and not set(uploaded) & set(target_classes):
         raise LpesError(f"--push-to-hub uploads the Hub folder; add {','.join(t.name for t in uploaded)} to --to")
@@ -127,30 +112,29 @@ def plan(options: ConvertOptions) -> ConvertPlan:
         from lpes.converter.hub import check_push_target
 
         check_push_target(options.push_to_hub)  # repo id, token, the Hub reachable: now, not after the export
-    job = ExportJob(model_path, model_label(options.model), config,
-                    _with_provenance(spec, config, model_path, options.model),
-                    options.dtype, options.validate, longest)
+    job = ExportJob(model_path, label, config, _with_provenance(spec, config, model_path, options.model),
+                    options.dtype, options.validate, resolved.longest)
     targets = [cls(job, options.target_options.get(cls.name)) for cls in target_classes]
     for target in targets:
         target.check()
-    room = check_folder_room(out, sum(t.output_bytes(out) for t in targets))  # writable, with room (preflight.py)
-    notes = [f"plan: {room}", ship_note, dtype_note(model_path, options.dtype), *(t.plan_note() for t in targets),
-             task.override if task else None]
+    room = check_folder_room(resolved.out, sum(t.output_bytes(resolved.out) for t in targets))  # preflight.py
+    notes = [f"plan: {room}", resolved.spec_note, resolved.dtype_note, *(t.plan_note() for t in targets),
+             resolved.task.override if resolved.task else None]
     notes = [note for note in notes + warnings if note]
-    return ConvertPlan(job, out, targets, force=options.force, push_to_hub=options.push_to_hub, data=options.data,
-                       max_validation_seconds=options.max_validation_seconds, notes=notes,
+    return ConvertPlan(job, resolved.out, targets, force=options.force, push_to_hub=options.push_to_hub,
+                       data=options.data, max_validation_seconds=options.max_validation_seconds, notes=notes,
                        chat_template=options.chat_template, answer_tokens=options.answer_tokens,
-                       shown_model=str(options.model), task=task)
+                       shown_model=str(options.model), task=resolved.task)
 
 
-def _inputs(options: ConvertOptions, spec: Spec) -> list[tuple[str, str]]:
+def _inputs(options: ConvertOptions, spec: Spec) -> tuple[tuple[str, str], ...]:
     """(flag, path) of the files the run reads: the spec and the validation data file(s)."""
     from lpes.validation.tasks import data_files
 
     inputs = [] if isinstance(options.spec, Spec) else [("--curve", options.spec)]
     searched = spec.search_task.data if spec.search_task else None
     flag = "--data" if options.data is not None else "the search's --data"
-    return inputs + [(flag, path) for path in data_files(options.data if options.data is not None else searched)]
+    return tuple(inputs + [(flag, path) for path in data_files(options.data if options.data is not None else searched)])
 
 
 SHIP_CHOICES = ("decision", "curve")
@@ -183,13 +167,6 @@ def shipped_spec(spec: Spec, ship: str, config, model_name: str) -> tuple[Spec, 
 
 def _marked(spec: Spec, ship: str, what: str) -> Spec:
     return replace(spec, provenance={**spec.provenance, "shipped": {"ship": ship, "what": what}})
-
-
-def _warn_if_made_for_another_model(spec: Spec, config, model_path: Path, model_name: str) -> str | None:
-    """A curve searched on one model may be applied to another on purpose: the line that says so (a note of the
-    plan, said after every check has held; not a refusal)."""
-    line = searched_elsewhere(spec.searched_model, model_path, config, model_name)
-    return f"warning: {line}" if line else None
 
 
 def _with_provenance(spec: Spec, config, model_path: Path, model_name: str) -> Spec:
@@ -244,13 +221,14 @@ def _progress(message: str) -> None:
 
 
 def _validate(plan: ConvertPlan, staging: Path, result: ConvertResult) -> ValidationReport:
-    from lpes.validation.report import validate
+    from lpes.validation.report import Shown, validate
+    from lpes.validation.variant_runs import ScoringSettings
 
     _progress("validating key-value retrieval accuracy by position")
-    report = validate(plan.job.model_path, staging, plan.job.spec, data=plan.data, chat_template=plan.chat_template,
-                      answer_tokens=plan.answer_tokens, variants=plan.target_names, model_name=plan.job.model_name,
-                      shown_dir=plan.out, shown_model=plan.shown_model or None,
-                      max_seconds=plan.max_validation_seconds, config=plan.job.config, task=plan.task)
+    shown = Shown(plan.job.model_name, plan.out, plan.shown_model or None,
+                  TaskRequest(plan.data, plan.chat_template, plan.answer_tokens))
+    report = validate(plan.job.resolved, staging, plan.task, settings=ScoringSettings(
+        max_seconds=plan.max_validation_seconds), variants=plan.target_names, shown=shown)
     result.reports.append(report.format())
     result.passed &= report.verdict != "failed"
     result.validated &= report.verdict == "passed"

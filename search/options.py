@@ -17,6 +17,7 @@ from lpes.search.genome import ScaleGrid
 from lpes.search.objective import OBJECTIVES
 from lpes.search.optimizers import Optimizer, optimizer
 from lpes.search.replicas import check_replica_options
+from lpes.validation.task_choice import check_answer_tokens
 
 TIES = ("gentle", "first")
 DTYPE_CHOICES = ("auto", "float32", "float16", "bfloat16")
@@ -163,14 +164,6 @@ def resolve_population(options: SearchOptions) -> int:
     if options.population is not None:
         return options.population
     return optimizer(options.optimizer).population(options.degree)
-
-
-def check_answer_tokens(value: int | None) -> None:
-    """--answer-tokens, the same for lpes-search, lpes-validate and lpes-convert."""
-    from lpes.foundation.spec import MAX_ANSWER_TOKENS
-
-    if value is not None:
-        _check_range("--answer-tokens", value, 1, MAX_ANSWER_TOKENS)
 
 
 def _check_rope_type(rope_type: str, grid: ScaleGrid, text: str) -> None:

@@ -56,44 +56,31 @@ class LadderPlan:
 
 def plan_search(model: str, out: Path, options: SearchOptions, force: bool) -> SearchPlan:
     """Check the options, the model, the scheme and the data; read the examples and the tokenizer."""
-    from lpes.converter.loading import load_config, model_label, model_location, resolve_model
-    from lpes.converter.weights_dtype import dtype_note
-    from lpes.foundation.outputs import check_not_in_output, check_output_file, check_outside_model
+    from lpes.validation.model_preflight import Output, Request, preflight
     from lpes.validation.tasks import data_files, examples_for, task_config
     from lpes.validation.vocabulary import check_vocabulary
 
     grid, settings = check_options(options)
-    out = check_output_file(out, force)  # not empty, not a folder, not there without --force (foundation/outputs.py)
-    for path in data_files(options.data):  # --force would write the spec over it
-        check_not_in_output(path, out, "--data")
-    where = model_location(model)  # known without the model's checks: --out inside it is refused in a second
-    if where is not None:
-        check_outside_model(out, where)
-    from lpes.converter.reference import check_layout, check_rope_scheme  # torch: 3 s, after the cheap refusals
-
-    model_path = resolve_model(model)
-    if where is None:  # a hub model's folder is known once downloaded
-        check_outside_model(out, model_path)
-    config = load_config(model_path)
-    check_layout(config)
-    rope = RopeScheme(options.rope_type).resolved(config)  # YaRN's parameters written out for this model
-    check_rope_scheme(config, rope)  # per-layer yarn/dynamic need a plain RoPE: fail before any loading
+    inputs = tuple(("--data", path) for path in data_files(options.data))  # --force would write the spec over it
+    resolved = preflight(Request("lpes-search", str(model), Output(out, "file", force, inputs),
+                                 rope_type=options.rope_type, dtype=lambda: resolve_dtype(options)))
+    out, model_path, config, rope = resolved.out, resolved.model_path, resolved.config, resolved.rope
     task = task_config(model_path, options.data)
     if options.answer_tokens is not None:
         task = replace(task, answer_tokens=options.answer_tokens)
     held_out_task = _held_out_task(task, options.holdout)
-    _check_sizes(config, task, held_out_task, options.holdout, model_label(str(model)))  # before any is built
+    _check_sizes(config, task, held_out_task, options.holdout, resolved.label)  # before any is built
     examples = examples_for(task, model_path, use_chat_template=options.chat_template, split="search")
     if not examples:
         raise LpesError("the calibration data has no examples")
     tokenizer = _tokenizer(model_path)
-    _check_longest(config, tokenizer, examples, model_label(str(model)))  # before the held-out prompts are built
+    _check_longest(config, tokenizer, examples, resolved.label)  # before the held-out prompts are built
     held_out_data = examples_for(held_out_task, model_path, use_chat_template=options.chat_template,
                                  split="validation")
     space = SearchSpace(grid, config.num_hidden_layers, options.degree)
     every = examples + held_out_data  # prompts and answers apart: an answer that encodes to nothing is named
     check_vocabulary(tokenizer, [e.prompt for e in every] + [e.answer for e in every], "--data",
-                     model_label(str(model)))
+                     resolved.label)
     notes: list[str] = []
     holdout = _held_out_examples(held_out_data, options.holdout, notes)
     check_positions([(e.gold_index, e.num_pairs) for e in holdout], "--data (held out)")
@@ -109,10 +96,10 @@ def plan_search(model: str, out: Path, options: SearchOptions, force: bool) -> S
         check_gradient_search(space, rope, options.objective)
         _check_backward_memory(config, [budget for _, budget in lengths], options)
     _check_forward_memory(config, max(n for _, n in lengths), options, greedy=task.answer_tokens is not None)
-    if note := dtype_note(model_path, resolve_dtype(options)):  # weights stored unlike config.json says
-        notes.append(note)
+    if resolved.dtype_note:  # weights stored unlike config.json says
+        notes.append(resolved.dtype_note)
     return SearchPlan(model, out, model_path, config, rope, task, examples, holdout, lengths,
-                 tokenizer, grid, space, settings, resolve_dtype(options), out.with_name(out.name + ".state.json"),
+                 tokenizer, grid, space, settings, resolved.dtype, out.with_name(out.name + ".state.json"),
                  gold_weights([e.gold_index for e in examples]), notes, ladder)
 
 

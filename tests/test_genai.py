@@ -20,6 +20,7 @@ from onnx import numpy_helper
 
 pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed (pip install 'lpes[genai]')")
 
+from lpes.converter.loading import resolve_for_spec  # noqa: E402
 from lpes.converter.reference import apply  # noqa: E402
 from lpes.exporters.genai import rope as genai_rope  # noqa: E402
 from lpes.exporters.genai.package import check_genai, export_genai  # noqa: E402
@@ -73,8 +74,8 @@ def llama_builds(tmp_path_factory):
     """A tiny llama, its package with scales (3, 1, 3), and its unscaled package."""
     root = tmp_path_factory.mktemp("genai-llama")
     model_dir = genai_model_dir("llama", root)
-    scaled = export_genai(model_dir, Spec.from_scales([3.0, 1.0, 3.0]), root / "scaled")
-    unscaled = export_genai(model_dir, Spec.from_scales([1.0, 1.0, 1.0]), root / "unscaled")
+    scaled = export_genai(resolve_for_spec(model_dir, Spec.from_scales([3.0, 1.0, 3.0])), root / "scaled")
+    unscaled = export_genai(resolve_for_spec(model_dir, Spec.from_scales([1.0, 1.0, 1.0])), root / "unscaled")
     return model_dir, scaled, unscaled
 
 
@@ -82,7 +83,7 @@ def llama_builds(tmp_path_factory):
 def test_genai_generates_the_reference_tokens(model_type, tmp_path):
     model_dir = genai_model_dir(model_type, tmp_path)
     spec = Spec.from_scales(SCALES)
-    package = export_genai(model_dir, spec, tmp_path / "genai")
+    package = export_genai(resolve_for_spec(model_dir, spec), tmp_path / "genai")
     assert genai_greedy(package) == torch_greedy(model_dir, spec, PROMPT, NEW_TOKENS)
     assert {"genai_config.json", "tokenizer.json", "model.onnx", "model.onnx.data"} <= {
         p.name for p in package.iterdir()
@@ -140,7 +141,7 @@ def test_scaled_package_generates_differently_from_unscaled(llama_builds):
 
 def test_a_layer_scaled_everywhere_drops_the_builders_cache(tmp_path):
     model_dir = genai_model_dir("llama", tmp_path)
-    package = export_genai(model_dir, Spec.from_scales([2.0, 2.0, 2.0]), tmp_path / "genai")
+    package = export_genai(resolve_for_spec(model_dir, Spec.from_scales([2.0, 2.0, 2.0])), tmp_path / "genai")
     layers, inits = _rope_inputs(package)
     assert len(set(layers.values())) == 1
     assert "cos_cache" not in inits and "sin_cache" not in inits
@@ -155,7 +156,7 @@ def test_per_layer_yarn_package_generates_the_reference_tokens_with_yarns_own_ca
 
     model_dir = genai_model_dir("llama", tmp_path)
     spec = Spec.from_scales(SCALES, rope=RopeScheme("yarn"))
-    package = export_genai(model_dir, spec, tmp_path / "genai")
+    package = export_genai(resolve_for_spec(model_dir, spec), tmp_path / "genai")
     assert genai_greedy(package) == torch_greedy(model_dir, spec, PROMPT, NEW_TOKENS)
     assert load_spec(package / "lpes_spec.json") == spec
     layers, inits = _rope_inputs(package)
@@ -184,7 +185,7 @@ def test_per_layer_dynamic_ntk_is_refused_in_one_line(tmp_path):
 
     model_dir = genai_model_dir("llama", tmp_path)
     with pytest.raises(LpesError, match="cannot run per-layer dynamic NTK .*fixed cos/sin caches") as info:
-        check_genai(model_dir, Spec.from_scales(SCALES, rope=RopeScheme("dynamic")))
+        check_genai(resolve_for_spec(model_dir, Spec.from_scales(SCALES, rope=RopeScheme("dynamic"))))
     assert "\n" not in str(info.value)
 
 
@@ -237,7 +238,7 @@ def test_unsupported_input_fails_in_one_line_before_building(case, tmp_path):
     model_type, overrides, options, words = REFUSED[case]
     model_dir = tiny_model_dir(model_type, tmp_path, **overrides)
     with pytest.raises(LpesError) as info:
-        export_genai(model_dir, Spec.from_scales([1.0] * 3), tmp_path / "out", **options)
+        export_genai(resolve_for_spec(model_dir, Spec.from_scales([1.0] * 3)), tmp_path / "out", **options)
     assert words in str(info.value) and "\n" not in str(info.value)
     assert not (tmp_path / "out").exists()
 
@@ -246,9 +247,9 @@ def test_builder_failure_is_one_line_and_leaves_no_staging(tmp_path):
     model_dir = genai_model_dir("llama", tmp_path)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (model_dir / name).unlink()
-    check_genai(model_dir, Spec.from_scales(SCALES))  # nothing cheap notices
+    check_genai(resolve_for_spec(model_dir, Spec.from_scales(SCALES)))  # nothing cheap notices
     with pytest.raises(LpesError, match="^onnxruntime-genai's builder failed: ") as info:
-        export_genai(model_dir, Spec.from_scales(SCALES), tmp_path / "out")
+        export_genai(resolve_for_spec(model_dir, Spec.from_scales(SCALES)), tmp_path / "out")
     assert "\n" not in str(info.value)
     assert list((tmp_path / "out").iterdir()) == []
 
@@ -256,14 +257,14 @@ def test_builder_failure_is_one_line_and_leaves_no_staging(tmp_path):
 def test_spec_with_wrong_layer_count_is_refused(tmp_path):
     model_dir = genai_model_dir("llama", tmp_path)
     with pytest.raises(LpesError, match="2 entries but the model has 3 layers"):
-        check_genai(model_dir, Spec.from_scales([2.0, 1.0]))
+        check_genai(resolve_for_spec(model_dir, Spec.from_scales([2.0, 1.0])))
 
 
 def test_model_without_an_end_token_is_refused_before_building():
     from lpes.converter.loading import resolve_model
 
     with pytest.raises(LpesError, match="end-of-sequence token"):
-        check_genai(resolve_model("lpes-tiny-kv"), Spec.from_scales([1.0] * 4))
+        check_genai(resolve_for_spec(resolve_model("lpes-tiny-kv"), Spec.from_scales([1.0] * 4)))
 
 
 def test_the_package_covers_the_lengths_an_lpes_model_is_used_at(llama_builds):
@@ -300,7 +301,8 @@ def test_the_package_holds_the_prompts_it_is_validated_on(tmp_path):
 
 def test_a_validation_longer_than_the_package_can_hold_is_refused_at_plan_time(tmp_path):
     model_dir = genai_model_dir("llama", tmp_path)
-    assert check_genai(model_dir, Spec.from_scales([1.0] * 3), min_context=5000).context_length == 5000
+    resolved = resolve_for_spec(model_dir, Spec.from_scales([1.0] * 3))
+    assert check_genai(resolved, min_context=5000).context_length == 5000
     with pytest.raises(LpesError, match=r"^--to genai: validation generates sequences of up to 40000 tokens .* "
                                         r"context length 32768"):
-        check_genai(model_dir, Spec.from_scales([1.0] * 3), min_context=40000)
+        check_genai(resolve_for_spec(model_dir, Spec.from_scales([1.0] * 3)), min_context=40000)

@@ -18,10 +18,12 @@ import torch
 from conftest import tiny_model_dir
 
 from lpes.cli import convert_main, search_main
-from lpes.converter.loading import resolve_model
+from lpes.converter.loading import resolve_for_spec, resolve_model
 from lpes.foundation.spec import Spec
 from lpes.validation import checks, report, scoring, tasks
 from lpes.validation.examples import Example
+from lpes.validation.task_choice import resolve_task
+from lpes.validation.variant_runs import ScoringSettings
 
 TINY = "lpes-tiny-kv"  # trained on 256 positions; its own task is 1,024 (4x): lpes goes beyond on purpose
 
@@ -173,8 +175,10 @@ def test_validation_over_its_budget_skips_without_running_the_probe(tmp_path, mo
     greedy = scoring.greedy_correct
     monkeypatch.setattr(scoring, "greedy_correct", lambda *a, **k: decoded.append(len(a[2])) or greedy(*a, **k))
     started = time.perf_counter()
-    result = report.validate(resolve_model(TINY), tmp_path, Spec.from_scales([2.0, 1.5, 1.0, 1.0]),
-                             data="tiny-kv:length=8192,examples=1", variants=[], max_seconds=1.0, progress=False)
+    model, spec = resolve_model(TINY), Spec.from_scales([2.0, 1.5, 1.0, 1.0])
+    result = report.validate(resolve_for_spec(model, spec), tmp_path,
+                             resolve_task(model, spec, "tiny-kv:length=8192,examples=1"), variants=[],
+                             settings=ScoringSettings(max_seconds=1.0, progress=False))
     kv = result.checks[1]
     assert kv.status == "skipped" and "over the 1.0 s budget" in kv.detail, kv.detail
     assert "extrapolated from one prompt's first" in kv.detail and decoded == []

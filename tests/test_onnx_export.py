@@ -17,7 +17,7 @@ import pytest
 import torch
 from conftest import EOS_ID, tiny_model_dir
 
-from lpes.converter.loading import load_model
+from lpes.converter.loading import load_model, resolve_for_spec
 from lpes.converter.portable_files import with_legacy_rope
 from lpes.converter.reference import apply
 from lpes.foundation.errors import LpesError
@@ -50,7 +50,7 @@ def main_export(tmp_path_factory):
     """StableLM with partial rotary (half the head) and llama3 RoPE, exported with SPEC."""
     root = tmp_path_factory.mktemp("onnx")
     model_dir = tiny_model_dir("stablelm", root, rope_parameters=LLAMA3_ROPE)
-    return model_dir, export_onnx(model_dir, SPEC, root / "onnx")
+    return model_dir, export_onnx(resolve_for_spec(model_dir, SPEC), root / "onnx")
 
 
 # -- parity --------------------------------------------------------------------------------
@@ -58,7 +58,7 @@ def main_export(tmp_path_factory):
 
 def test_export_matches_reference_through_the_kv_cache(main_export):
     model_dir, onnx_dir = main_export
-    report = check_parity(model_dir, SPEC, onnx_dir, "float32")
+    report = check_parity(resolve_for_spec(model_dir, SPEC), onnx_dir, "float32")
     assert report.passed, report.format()
     assert report.provider == "CPUExecutionProvider"
     assert report.max_abs_error <= 1e-4
@@ -81,7 +81,8 @@ def test_greedy_tokens_are_not_degenerate(main_export):
 
 def test_parity_fails_when_the_export_has_other_scales(main_export):
     model_dir, onnx_dir = main_export
-    report = check_parity(model_dir, Spec.from_scales([2.0, 1.0, 1.0]), onnx_dir, "float32", num_tokens=8)
+    other = resolve_for_spec(model_dir, Spec.from_scales([2.0, 1.0, 1.0]))
+    report = check_parity(other, onnx_dir, "float32", num_tokens=8)
     assert not report.passed
     assert any("logits differ" in failure for failure in report.failures)
     assert "FAILED" in report.format()
@@ -91,9 +92,9 @@ def test_parity_catches_an_export_that_lost_the_scales(tmp_path, monkeypatch):
     model_dir = tiny_model_dir("llama", tmp_path, num_hidden_layers=1)
     spec = Spec.from_scales([4.0])
     monkeypatch.setattr(onnx_export, "apply", lambda model, spec: model)  # the bug: scales silently dropped
-    onnx_dir = export_onnx(model_dir, spec, tmp_path / "onnx")
+    onnx_dir = export_onnx(resolve_for_spec(model_dir, spec), tmp_path / "onnx")
     assert onnx_export.read_metadata(onnx_dir)["scaled_inv_freq_constants"] == {"4.0": None}
-    report = check_parity(model_dir, spec, onnx_dir, "float32", num_tokens=4)
+    report = check_parity(resolve_for_spec(model_dir, spec), onnx_dir, "float32", num_tokens=4)
     assert not report.passed
     assert report.unscaled_difference < 1e-4
     assert any("indistinguishable from the unscaled model" in failure for failure in report.failures)
@@ -160,7 +161,7 @@ def split_export(tmp_path_factory):
     model_dir = tiny_model_dir("llama", root, num_hidden_layers=1)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(onnx_export, "EXTERNAL_DATA_THRESHOLD", 0)
-        onnx_dir = export_onnx(model_dir, Spec.from_scales([2.0]), root / "onnx")
+        onnx_dir = export_onnx(resolve_for_spec(model_dir, Spec.from_scales([2.0])), root / "onnx")
     return model_dir, onnx_dir, _machine_paths(root)
 
 
@@ -203,7 +204,7 @@ def test_stripping_torchs_node_metadata_removes_the_paths_and_most_of_the_graph(
     # The same export with torch's metadata left in: what the scan above would have caught.
     monkeypatch.setattr(onnx_export, "EXTERNAL_DATA_THRESHOLD", 0)
     monkeypatch.setattr(onnx_export, "strip_exporter_provenance", lambda graph_model: None)
-    raw = export_onnx(model_dir, Spec.from_scales([2.0]), tmp_path / "raw")
+    raw = export_onnx(resolve_for_spec(model_dir, Spec.from_scales([2.0])), tmp_path / "raw")
     assert "site-packages" in _files_carrying(raw, paths).get("model.onnx", [])
     stripped, unstripped = (onnx_dir / "model.onnx").stat().st_size, (raw / "model.onnx").stat().st_size
     assert stripped < unstripped / 3, (stripped, unstripped)  # the graph alone: weights are in model.onnx_data
@@ -227,7 +228,7 @@ def test_onnxruntime_fuses_every_rmsnorm_and_parity_holds(split_export, tmp_path
     # One layer: input and post-attention RMSNorm, plus the final norm.
     assert sum(node.op_type == "SimplifiedLayerNormalization" for node in session.node) == 3
     assert onnx_export.read_metadata(onnx_dir)["fusion_friendly_rewrites"]["rms_norm_division"] == 3
-    report = check_parity(model_dir, Spec.from_scales([2.0]), onnx_dir, "float32", num_tokens=4)
+    report = check_parity(resolve_for_spec(model_dir, Spec.from_scales([2.0])), onnx_dir, "float32", num_tokens=4)
     assert report.passed and report.max_abs_error <= 1e-4, report.format()
 
 
@@ -293,8 +294,8 @@ SCHEME_TRAINED = 16
 def _scheme_export(tmp_path, rope_type: str, num_tokens: int = 16):
     model_dir = tiny_model_dir("llama", tmp_path, max_position_embeddings=SCHEME_TRAINED)
     spec = Spec.from_scales([2.0, 1.0, 3.0], rope=RopeScheme(rope_type))
-    onnx_dir = export_onnx(model_dir, spec, tmp_path / "onnx")
-    report = check_parity(model_dir, spec, onnx_dir, "float32", num_tokens=num_tokens)
+    onnx_dir = export_onnx(resolve_for_spec(model_dir, spec), tmp_path / "onnx")
+    report = check_parity(resolve_for_spec(model_dir, spec), onnx_dir, "float32", num_tokens=num_tokens)
     assert report.passed, report.format()
     assert report.max_abs_error <= 1e-4
     assert report.unscaled_difference > 0.1  # at 64 positions, far from the plain model
@@ -356,13 +357,13 @@ def no_loading(monkeypatch):
 def test_unexportable_input_fails_before_loading_weights(tmp_path, no_loading, overrides, spec, dtype, message):
     model_dir = tiny_model_dir("llama", tmp_path, **overrides)
     with pytest.raises(LpesError, match=message):
-        export_onnx(model_dir, spec, tmp_path / "onnx", dtype=dtype)
+        export_onnx(resolve_for_spec(model_dir, spec), tmp_path / "onnx", dtype=dtype)
     assert not (tmp_path / "onnx").exists()
 
 
 def test_missing_model_folder_is_a_user_error(tmp_path):
     with pytest.raises(LpesError):
-        export_onnx(tmp_path / "nowhere", SPEC, tmp_path / "onnx")
+        export_onnx(resolve_for_spec(tmp_path / "nowhere", SPEC), tmp_path / "onnx")
 
 
 @pytest.mark.parametrize("model_type", ["mistral", "gemma2"])
@@ -418,8 +419,8 @@ MATRIX_TOKENS = 8
 
 
 def _assert_export_matches(model_dir, tmp_path, dtype: str):
-    onnx_dir = export_onnx(model_dir, SPEC, tmp_path / "onnx", dtype=dtype)
-    report = check_parity(model_dir, SPEC, onnx_dir, dtype, num_tokens=MATRIX_TOKENS)
+    onnx_dir = export_onnx(resolve_for_spec(model_dir, SPEC), tmp_path / "onnx", dtype=dtype)
+    report = check_parity(resolve_for_spec(model_dir, SPEC), onnx_dir, dtype, num_tokens=MATRIX_TOKENS)
     # passed: logits within the dtype's tolerance at every compared step, and tokens that part only
     # at a near-tie of the reference (its margin between the two tokens within that tolerance).
     assert report.passed, report.format()

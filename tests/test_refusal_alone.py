@@ -101,6 +101,7 @@ def test_generate_that_would_note_the_chat_template_and_refuses_prints_the_refus
     tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
     tokenizer.save_pretrained(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 8}))
+    (tmp_path / "model.onnx").write_bytes(b"")  # an export folder: its session is never opened here
     stderr = io.StringIO()
     with contextlib.redirect_stderr(stderr), pytest.raises(LpesError, match="would reach position 11, past the 8"):
         generate_text(tmp_path, "w4 w5 w6 w7 w8 w9 w10", max_new_tokens=4, chat_template=True)

@@ -12,16 +12,19 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import lpes
 from lpes.converter.hf_folder import write_hf_folder
-from lpes.converter.loading import resolve_model
+from lpes.converter.loading import resolve_for_spec, resolve_model
 from lpes.converter.reference import apply
 from lpes.exporters import targets
 from lpes.foundation.errors import LpesError
 from lpes.foundation.spec import Spec, StockRope
 from lpes.validation import report, scoring
 from lpes.validation.examples import Example
+from lpes.validation.task_choice import resolve_task
+from lpes.validation.variant_runs import ScoringSettings
 
 torch.set_num_threads(1)
 SPEC = Spec.from_scales([4.0, 1.0, 0.5])
+QUIET = ScoringSettings(progress=False)
 # conftest's tokenizer registers its unknown word "w3" as a special token, which splits w30..w39: avoid them.
 WORDS = [f"w{i}" for i in range(4, 100) if not 30 <= i <= 39]
 
@@ -33,12 +36,12 @@ def conversion(tmp_path_factory):
     model_dir = tiny_model_dir("llama", tmp)
     out = tmp / "out"
     out.mkdir()
-    write_hf_folder(model_dir, SPEC, out, "tiny-llama", lpes.__version__)
+    write_hf_folder(resolve_for_spec(model_dir, SPEC), out, "tiny-llama", lpes.__version__)
     try:
         from lpes.exporters.onnx.export import export_onnx
 
         (out / "onnx").mkdir()
-        export_onnx(model_dir, SPEC, out / "onnx")
+        export_onnx(resolve_for_spec(model_dir, SPEC), out / "onnx")
     except ImportError:
         pass  # the ONNX test below skips
     reference = apply(AutoModelForCausalLM.from_pretrained(model_dir).eval(), SPEC)
@@ -56,7 +59,8 @@ def conversion(tmp_path_factory):
 
 def test_exports_agree_with_the_reference_and_files_are_written(conversion):
     model_dir, out, examples, expected = conversion
-    result = report.validate(model_dir, out, SPEC, examples, batch_size=5, variants=["hf"], progress=False)
+    result = report.validate(resolve_for_spec(model_dir, SPEC), out, examples=examples, variants=["hf"],
+                             settings=ScoringSettings(batch_size=5, progress=False))
     assert [v.name for v in result.variants] == ["unscaled", "reference", "hf"]
     reference, hf = result.variant("reference"), result.variant("hf")
     assert [r.correct for r in reference.scores.results] == expected
@@ -89,7 +93,8 @@ def test_exports_agree_with_the_reference_and_files_are_written(conversion):
 def test_onnx_export_gives_the_reference_answers_in_float32(conversion):
     model_dir, out, examples, _ = conversion
     assert (out / "onnx" / "model.onnx").is_file()
-    result = report.validate(model_dir, out, None, examples, batch_size=4, variants=["onnx"], progress=False)
+    result = report.validate(resolve_for_spec(model_dir, targets.find_spec(out)), out, examples=examples,
+                             variants=["onnx"], settings=ScoringSettings(batch_size=4, progress=False))
     onnx = result.variant("onnx")
     assert onnx.status == "ok" and onnx.dtype == "float32" and onnx.note == "CPUExecutionProvider"
     reference = result.variant("reference")
@@ -140,7 +145,8 @@ def test_an_export_that_disagrees_fails_and_keeps_the_prompts(conversion, monkey
     register_fake(monkeypatch, wrong_on_one)
     # 12 examples: float16 allows int(0.02 * 12) = 0; 60 (each prompt 5 times, 5 bad) allows 1.
     for copies, allowed in ((1, 0), (5, 1)):
-        result = report.validate(model_dir, out, SPEC, examples * copies, variants=["fake"], progress=False)
+        result = report.validate(resolve_for_spec(model_dir, SPEC), out, examples=examples * copies, variants=["fake"],
+                                 settings=QUIET)
         fake = result.variant("fake")
         assert fake.disagreements == [1 + 12 * k for k in range(copies)]
         assert fake.allowed == allowed and result.passed is False
@@ -165,7 +171,8 @@ def test_float16_threshold_lets_one_near_tie_through(conversion, monkeypatch):
     register_fake(monkeypatch, wrong_on_one)
     for dtype, passed in (("float16", True), ("float32", False)):
         (out / "fake" / "lpes_fake.json").write_text(json.dumps({"dtype": dtype}))
-        result = report.validate(model_dir, out, SPEC, many, variants=["fake"], progress=False)
+        result = report.validate(resolve_for_spec(model_dir, SPEC), out, examples=many, variants=["fake"],
+                                 settings=QUIET)
         assert result.variant("fake").disagreements == [0]
         assert result.passed is passed
 
@@ -175,7 +182,8 @@ def test_export_that_cannot_run_here_is_skipped(conversion, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on a machine without a GPU
     (out / "tensorrt").mkdir(exist_ok=True)
     (out / "tensorrt" / "model.engine").write_bytes(b"not an engine")
-    result = report.validate(model_dir, out, SPEC, examples[:3], variants=["tensorrt"], progress=False)
+    result = report.validate(resolve_for_spec(model_dir, SPEC), out, examples=examples[:3], variants=["tensorrt"],
+                             settings=QUIET)
     tensorrt = result.variant("tensorrt")
     assert tensorrt.status == "skipped" and "tensorrt" in tensorrt.note.lower() and tensorrt.scores is None
     # Written but not run here: the folder is not validated (no failure either).
@@ -215,7 +223,8 @@ def test_baselines_are_scored_as_transformers_runs_them_and_a_better_one_is_said
     spec = Spec.from_scales([4.0, 1.0, 0.5], provenance)
     out = tmp_path / "out"
     out.mkdir()
-    result = report.validate(model_dir, out, spec, examples, batch_size=3, variants=[], progress=False)
+    result = report.validate(resolve_for_spec(model_dir, spec), out, examples=examples, variants=[],
+                             settings=ScoringSettings(batch_size=3, progress=False))
     assert [v.name for v in result.variants] == ["unscaled", yarn.name, "dynamic NTK f=3", "reference"]
     assert [r.correct for r in result.variant(yarn.name).scores.results] == [True] * 6
     dynamic = result.variant("dynamic NTK f=3")
@@ -233,7 +242,7 @@ def test_a_baseline_the_model_cannot_take_is_skipped_with_the_reason(conversion,
     spec = Spec.from_scales(list(SPEC.scales), {"search": {"stock_baselines": [{"rope_type": "yarn", "factor": 2}]}})
     out = tmp_path / "out"
     out.mkdir()
-    result = report.validate(linear, out, spec, examples[:3], variants=[], progress=False)
+    result = report.validate(resolve_for_spec(linear, spec), out, examples=examples[:3], variants=[], settings=QUIET)
     skipped = result.variant("YaRN f=2")
     assert skipped.status == "skipped" and "its own RoPE is 'linear'" in skipped.note
     assert result.passed  # a baseline that cannot run is no failure of the conversion
@@ -242,10 +251,10 @@ def test_a_baseline_the_model_cannot_take_is_skipped_with_the_reason(conversion,
 def test_unknown_variant_and_missing_spec_are_user_errors(conversion, tmp_path):
     model_dir, out, examples, _ = conversion
     with pytest.raises(LpesError, match="unknown variant 'trt'"):
-        report.validate(model_dir, out, SPEC, examples, variants=["trt"], progress=False)
+        report.validate(resolve_for_spec(model_dir, SPEC), out, examples=examples, variants=["trt"], settings=QUIET)
     with pytest.raises(LpesError, match="no lpes_spec.json"):
-        report.validate(model_dir, tmp_path, None, examples, progress=False)
-    assert report.find_spec(out).scales == SPEC.scales  # the Hub folder's lpes_spec.json
+        targets.find_spec(tmp_path)
+    assert targets.find_spec(out).scales == SPEC.scales  # the Hub folder's lpes_spec.json
 
 
 @pytest.mark.slow
@@ -257,8 +266,9 @@ def test_bundled_model_reference_and_onnx_agree_on_its_own_task(tmp_path):
 
     spec = Spec.from_scales([2.0, 1.5, 1.0, 1.0])
     (tmp_path / "onnx").mkdir()
-    export_onnx(model_dir, spec, tmp_path / "onnx")
-    result = report.validate(model_dir, tmp_path, spec, data="tiny-kv:examples=4", progress=False)
+    export_onnx(resolve_for_spec(model_dir, spec), tmp_path / "onnx")
+    result = report.validate(resolve_for_spec(model_dir, spec), tmp_path,
+                             resolve_task(model_dir, spec, "tiny-kv:examples=4"), settings=QUIET)
     assert result.variant("onnx").disagreements == [] and result.passed
     # Scored, not skipped (a skipped variant has no disagreements either): 4 examples x 5 gold indices.
     assert len(result.variant("onnx").scores.results) == len(result.variant("reference").scores.results) == 4 * 5

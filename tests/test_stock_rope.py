@@ -16,6 +16,7 @@ from conftest import tiny_model_dir
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from lpes.converter.hf_folder import compose_rope, stock_rope_parameters, write_hf_folder
+from lpes.converter.loading import resolve_for_spec
 from lpes.converter.reference import apply
 from lpes.foundation.spec import Spec
 
@@ -36,7 +37,7 @@ DYNAMIC = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
 def write(tmp_path, base, scales):
     out = tmp_path / "out"
     out.mkdir()
-    return write_hf_folder(base, Spec.from_scales(scales), out, "tiny", "test")
+    return write_hf_folder(resolve_for_spec(base, Spec.from_scales(scales)), out, "tiny", "test")
 
 
 def max_logit_diff(base, out, scales, seq=200, trust_remote_code=False):

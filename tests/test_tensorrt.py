@@ -25,6 +25,7 @@ import pytest
 import torch
 from conftest import EOS_ID, PAD_ID, tiny_model_dir
 
+from lpes.converter.loading import resolve_for_spec
 from lpes.foundation import devices
 from lpes.foundation.errors import LpesError
 from lpes.foundation.spec import Spec
@@ -63,7 +64,7 @@ def export(tmp_path_factory):
     """(model folder, float32 ONNX export folder) of a tiny llama with SPEC."""
     root = tmp_path_factory.mktemp("trt")
     model_dir = tiny_model_dir("llama", root)
-    return model_dir, export_onnx(model_dir, SPEC, root / "onnx", dtype="float32")
+    return model_dir, export_onnx(resolve_for_spec(model_dir, SPEC), root / "onnx", dtype="float32")
 
 
 @pytest.fixture(scope="module")

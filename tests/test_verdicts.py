@@ -20,16 +20,19 @@ from conftest import tiny_model_dir
 from transformers import AutoTokenizer
 
 from lpes.cli import convert_main, generate_main, search_main, validate_main
-from lpes.converter.loading import resolve_model
+from lpes.converter.loading import resolve_for_spec, resolve_model
 from lpes.foundation.errors import LpesError
 from lpes.foundation.spec import Spec, StockRope, dump_spec, parse_spec
 from lpes.validation import report, scoring, variant_runs
+from lpes.validation.task_choice import resolve_task
+from lpes.validation.variant_runs import ScoringSettings
 
 torch.set_num_threads(1)
 # A template in the tiny vocabulary: user turn between w5 and w6, the assistant's turn opened by w7.
 CHAT_TEMPLATE = ("{% for m in messages %}w5 {{ m['content'] }} w6{% endfor %}"
                  "{% if add_generation_prompt %} w7 {% endif %}")
 KV = "kv:pairs=4,examples=2,gold=0+3"
+UNBOUNDED = ScoringSettings(max_seconds=None, progress=False)
 
 
 def with_chat_template(folder: Path, template: str = CHAT_TEMPLATE) -> Path:
@@ -100,25 +103,26 @@ def test_search_with_no_chat_template_then_convert_validates_that_way(tmp_path, 
     err = capsys.readouterr().err
     assert "lpes-convert: validating on chat template on (searched with it off): not the task the curve was " \
            "searched on" in err
-    resolved = report.resolve_task(model, Spec.from_scales([1.0] * 4, spec["provenance"]), chat_template=True)
+    resolved = resolve_task(model, Spec.from_scales([1.0] * 4, spec["provenance"]), chat_template=True)
     assert resolved.chat_template is True and resolved.override.startswith("validating on chat template on")
 
 
 def test_the_spec_chat_template_choice_builds_the_prompts(chat_model, tmp_path):
     """Without a flag, validation builds prompts as the search did; a flag wins."""
     spec = parse_spec(json.loads(searched_spec(tmp_path / "spec.json").read_text()))
-    plain = report.resolve_task(chat_model, spec)
+    plain = resolve_task(chat_model, spec)
     assert (plain.chat_template, plain.config.answer_tokens, plain.source) == (False, 4, "the search's")
     out = tmp_path / "out"
     out.mkdir()
     for flag, templated in ((None, False), (True, True)):
-        result = report.validate(chat_model, out, spec, chat_template=flag, max_seconds=None, progress=False)
+        task = resolve_task(chat_model, spec, chat_template=flag)
+        result = report.validate(resolve_for_spec(chat_model, spec), out, task, settings=UNBOUNDED)
         assert all(e.prompt.startswith("w5 ") == templated for e in result.examples)
         assert all(e.answer_tokens == 4 for e in result.examples)
-    assert report.resolve_task(chat_model, spec, answer_tokens=9).config.answer_tokens == 9
+    assert resolve_task(chat_model, spec, answer_tokens=9).config.answer_tokens == 9
     missing = Spec.from_scales([1.0] * 3, {"search": {"task": {"data": "kv:file=gone.jsonl", "chat_template": True}}})
     with pytest.raises(LpesError, match="searched on --data kv:file=gone.jsonl, which cannot be read here"):
-        report.resolve_task(chat_model, missing)
+        resolve_task(chat_model, missing)
 
 
 def test_a_search_where_nothing_scores_stops_and_writes_nothing(chat_model, tmp_path, capsys):
@@ -137,10 +141,11 @@ def test_an_earlier_validation_survives_a_skipped_run(chat_model, tmp_path):
     spec = parse_spec(json.loads(searched_spec(tmp_path / "spec.json").read_text()))
     out = tmp_path / "out"
     out.mkdir()
-    first = report.validate(chat_model, out, spec, max_seconds=None, progress=False)
+    model, task = resolve_for_spec(chat_model, spec), resolve_task(chat_model, spec)
+    first = report.validate(model, out, task, settings=UNBOUNDED)
     assert first.variants and (out / "validation.md").is_file()
     before = {name: (out / name).read_bytes() for name in ("validation.json", "validation.md")}
-    skipped = report.validate(chat_model, out, spec, max_seconds=1e-6, progress=False)
+    skipped = report.validate(model, out, task, settings=ScoringSettings(max_seconds=1e-6, progress=False))
     assert skipped.verdict == "not validated" and skipped.checks[1].status == "skipped"
     assert {name: (out / name).read_bytes() for name in before} == before
     assert json.loads((out / "validation.skipped.json").read_text())["verdict"] == "not validated"
@@ -151,7 +156,8 @@ def test_every_variant_at_zero_is_a_failure_of_the_setup(chat_model, tmp_path):
     spec = parse_spec(json.loads(searched_spec(tmp_path / "spec.json").read_text()))
     out = tmp_path / "out"
     out.mkdir()
-    result = report.validate(chat_model, out, spec, max_seconds=None, progress=False)
+    result = report.validate(resolve_for_spec(chat_model, spec), out, resolve_task(chat_model, spec),
+                             settings=UNBOUNDED)
     assert result.verdict == "failed" and result.setup_problem.startswith("every variant answered 0 of 4")
     assert result.measured() is None  # the card states no measurement of a setup that measured nothing
     assert json.loads((out / "validation.json").read_text())["setup_problem"] == result.setup_problem
@@ -185,8 +191,8 @@ def test_identical_variants_are_scored_once(chat_model, tmp_path, monkeypatch):
     monkeypatch.setattr(scoring, "greedy_correct", lambda *a, **k: calls.append(len(a[2])) or greedy(*a, **k))
     out = tmp_path / "out"
     out.mkdir()
-    result = report.validate(chat_model, out, spec, data=KV + ",answer_tokens=2", variants=[], max_seconds=None,
-                             progress=False)
+    result = report.validate(resolve_for_spec(chat_model, spec), out,
+                             resolve_task(chat_model, spec, KV + ",answer_tokens=2"), variants=[], settings=UNBOUNDED)
     names = ["unscaled", "best uniform s=1", "YaRN f=1", "dynamic NTK f=2", "reference"]
     assert [v.name for v in result.variants] == names
     assert [v.same_as for v in result.variants] == [None] + ["unscaled"] * 4
@@ -218,8 +224,9 @@ def test_the_time_estimate_is_within_twice_the_measured_time(tmp_path, monkeypat
         return describe(s, probe, device)
 
     monkeypatch.setattr(report.checks, "describe_estimate", estimate)
-    result = report.validate(resolve_model("lpes-tiny-kv"), tmp_path, Spec.from_scales([2.0, 1.5, 1.0, 1.0]),
-                             data="tiny-kv:examples=2", variants=[], max_seconds=None, progress=False)
+    model, spec = resolve_model("lpes-tiny-kv"), Spec.from_scales([2.0, 1.5, 1.0, 1.0])
+    result = report.validate(resolve_for_spec(model, spec), tmp_path, resolve_task(model, spec, "tiny-kv:examples=2"),
+                             variants=[], settings=UNBOUNDED)
     assert result.checks[1].status == "passed" and "expect the real time within 2x" in result.checks[1].detail
     assert measured["seconds"] / 2 <= seconds["estimate"] <= 2 * measured["seconds"], (seconds, measured)
 
@@ -242,26 +249,29 @@ def test_search_task_in_the_spec_is_typed(tmp_path):
 
 
 def test_generate_applies_the_chat_template_and_says_when_nothing_came(tmp_path, monkeypatch, capsys):
+    from conftest import tiny_tokenizer
+
     from lpes import generate
 
     folder = tmp_path / "onnx"
-    folder.mkdir()
+    tokenizer = tiny_tokenizer()
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(folder)
     (folder / "model.onnx").write_bytes(b"")
     seen = {}
 
-    def fake(onnx_dir, prompt, max_new_tokens, chat_template=False):
-        seen["chat_template"] = chat_template
+    def nothing(plan):  # the session itself is not what this checks: its plan, and the line said after it
+        seen["templated"], seen["ids"] = plan.templated, plan.ids
         return ""
 
-    monkeypatch.setattr(generate, "generate_text", fake)
+    monkeypatch.setattr(generate, "execute", nothing)
     monkeypatch.setattr("lpes.exporters.received.check_received_folder", lambda folder: None)
-    monkeypatch.setattr("lpes.converter.loading.load_tokenizer",
-                        lambda folder: type("T", (), {"chat_template": CHAT_TEMPLATE})())
     assert generate_main([str(folder), "w4 w5"]) == 0
     err = capsys.readouterr().err
-    assert seen["chat_template"] is True and "the model wrote nothing" in err and "try --no-chat-template" in err
+    assert seen["templated"] is True and "the model wrote nothing" in err and "try --no-chat-template" in err
+    templated_ids = seen["ids"]
     assert generate_main([str(folder), "w4 w5", "--no-chat-template"]) == 0
-    assert seen["chat_template"] is False
+    assert seen["templated"] is False and seen["ids"] == tokenizer("w4 w5")["input_ids"] != templated_ids
     assert "drop --no-chat-template" in capsys.readouterr().err
 
 

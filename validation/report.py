@@ -41,15 +41,15 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from lpes.converter.loading import ResolvedModel
 from lpes.converter.model_card import LENGTHS_PLOT
-from lpes.exporters.targets import find_spec
 from lpes.foundation.files import write_text_atomic
 from lpes.foundation.spec import Spec
 from lpes.validation import checks, scoring, variant_runs
 from lpes.validation.accuracy_plot import plot_accuracy
 from lpes.validation.examples import Example
+from lpes.validation.model_preflight import TaskRequest
 from lpes.validation.results import (
     FORMAT,
     JSON_FILE,
@@ -61,16 +61,8 @@ from lpes.validation.results import (
     ValidationReport,
     VariantResult,
 )
-from lpes.validation.task_choice import (
-    ResolvedTask,
-    resolve_task,
-    shareable_data,
-    shown_path,
-    task_line,
-)
-from lpes.validation.variant_runs import BASELINE_NOTE, KvPlan, PlannedVariant
-
-DEFAULT_MAX_SECONDS = 20 * 60  # key-value scoring longer than this (estimated) is left to lpes-validate
+from lpes.validation.task_choice import ResolvedTask, shareable_data, shown_path, task_line
+from lpes.validation.variant_runs import BASELINE_NOTE, KvPlan, PlannedVariant, ScoringSettings
 
 
 def answers_not_value(results: Sequence[scoring.ExampleResult], examples: Sequence[Example],
@@ -106,65 +98,53 @@ def _starts_with_value(generated: str, answer: str) -> bool:
     return bool(said) and (said.startswith(value) or value.startswith(said))
 
 
-def validate(
-    model_path: Path,
-    out_dir: Path,
-    spec: Spec | None = None,
-    examples: Sequence[Example] | None = None,
-    *,
-    data: str | None = None,
-    chat_template: bool | None = None,
-    answer_tokens: int | None = None,
-    reference_dtype: str = "float32",
-    batch_size: int = 8,
-    max_batch_tokens: int = scoring.MAX_BATCH_TOKENS,
-    max_new_tokens: int | None = None,
-    variants: Sequence[str] | None = None,
-    device: str | None = None,
-    max_seconds: float | None = DEFAULT_MAX_SECONDS,
-    model_name: str | None = None,
-    shown_dir: Path | str | None = None,
-    shown_model: str | None = None,
-    progress: bool = True,
-    config: Any = None,
-    task: ResolvedTask | None = None,
-) -> ValidationReport:
+@dataclass(frozen=True)
+class Shown:
+    """How the report names what it validated: the model in published files, and the folder, model and task
+    flags as the user typed them (the command it prints to run a skipped check repeats them)."""
+
+    model_name: str | None = None  # None: the spec's base model, else the model folder's name
+    folder: Path | str | None = None  # None: the folder validated
+    model: str | None = None  # None: `model_name`
+    flags: TaskRequest = TaskRequest()
+
+
+DEFAULT_SETTINGS = ScoringSettings()
+AS_VALIDATED = Shown()  # the folder and model as validated, no task flags
+
+
+def validate(model: ResolvedModel, out_dir: Path, task: ResolvedTask | None = None,
+             examples: Sequence[Example] | None = None, *, settings: ScoringSettings = DEFAULT_SETTINGS,
+             variants: Sequence[str] | None = None, shown: Shown = AS_VALIDATED) -> ValidationReport:
     """Check the RoPE of every layer, then score the unscaled model, the LPES reference and every export.
 
-    `spec` None: the `lpes_spec.json` the folder keeps (`find_spec`). `config`: the model's
-    transformers config with `spec` already resolved for it (lpes-convert's plan); None: read here.
-    `examples` None: `task`, else the task of `resolve_task` (`data`, `chat_template` and
-    `answer_tokens` over the task the spec was searched on, over the model folder's own).
+    `model`: the base model's folder, config and the spec resolved for it (a command's plan resolved them).
+    The examples are `examples` where given, else `task`'s (validation/task_choice.py resolve_task).
     `variants` limits the exports scored (target names); None: all found.
     The key-value scoring runs only when there is a tokenizer, the weights fit in
-    memory and the time estimated from a probe (one real batch) is within `max_seconds`
-    (None: no limit); else the report says why it was skipped and which command runs
-    it (`shown_dir` and `shown_model`: the folder and model as the user typed them).
-    The torch variants run in `reference_dtype` on `device` (default: cuda when available).
+    memory and the time estimated from a probe (one real batch) is within `settings.max_seconds`
+    (None: no limit); else the report says why it was skipped and which command runs it.
     A run that is not "passed" never replaces earlier scored results in `out_dir` (`write_report`).
     """
-    from lpes.converter.loading import model_label, resolved_for_model
+    from lpes.converter.loading import model_label
 
-    out_dir = Path(out_dir)
-    config, spec = resolved_for_model(model_path, spec if spec is not None else find_spec(out_dir), config)
-    name = model_label(str(model_name or spec.provenance.get("base_model") or Path(model_path).name))
-    if examples is not None:  # the caller's examples: no task behind them
-        task = None
-    elif task is None:
-        task = resolve_task(model_path, spec, data, chat_template, answer_tokens)
+    if (task is None) == (examples is None):
+        raise TypeError("validate() takes a task or examples, one of them")
+    out_dir, spec, config = Path(out_dir), model.spec, model.config
+    name = model_label(str(shown.model_name or spec.provenance.get("base_model") or model.path.name))
     exports = variant_runs.found_exports(out_dir, variants)
-    kv_plan = variant_runs.plan_kv(model_path, config, examples, task, reference_dtype, max_new_tokens, name)
+    kv_plan = variant_runs.plan_kv(model.path, config, examples, task, settings.reference_dtype,
+                                   settings.max_new_tokens, name)
     longest = max(kv_plan.sequence_tokens, default=0) or 64  # the prompts plus the answers' budgets
     rope = checks.rope_check(config, spec, max(variant_runs.positions_to_check(config, spec), longest))
-    searched_on, baseline_note = _searched_on(spec, model_path, config, name, task)
-    rerun = _Rerun(out_dir, shown_dir, shown_model or name, data, chat_template, answer_tokens)
+    searched_on, baseline_note = _searched_on(spec, model.path, config, name, task)
+    rerun = _Rerun(out_dir, shown.folder, shown.model or name, shown.flags)
     if kv_plan.skipped is None:
         planned = variant_runs.plan_variants(spec, config, longest, exports, baseline_note)
-        results, kv, setup = _score_kv(model_path, spec, kv_plan, planned, rerun, reference_dtype, device,
-                                       batch_size, max_batch_tokens, max_new_tokens, max_seconds, progress)
+        results, kv, setup = _score_kv(model, kv_plan, planned, rerun, settings)
     else:
-        results, kv, setup = [], _kv_not_run(kv_plan, rerun, shown_model or name), None
-    report = ValidationReport(name, kv_plan.examples if results else [], results, max_new_tokens, [rope, kv],
+        results, kv, setup = [], _kv_not_run(kv_plan, rerun, shown.model or name), None
+    report = ValidationReport(name, kv_plan.examples if results else [], results, settings.max_new_tokens, [rope, kv],
                               prompt_tokens=kv_plan.prompt_tokens if results else [],
                               task=task_line(task, kv_plan.tokenizer, kv_plan.prompt_tokens), setup_problem=setup,
                               console_paths=rerun.console_paths(), searched_on=searched_on,
@@ -179,15 +159,12 @@ def validate(
     return report
 
 
-def _score_kv(model_path: Path, spec: Spec, kv_plan: KvPlan, planned: list[PlannedVariant], rerun: _Rerun,
-              reference_dtype: str, device: str | None, batch_size: int, max_batch_tokens: int,
-              max_new_tokens: int | None, max_seconds: float | None,
-              progress: bool) -> tuple[list[VariantResult], checks.Check, str | None]:
+def _score_kv(model: ResolvedModel, kv_plan: KvPlan, planned: list[PlannedVariant], rerun: _Rerun,
+              settings: ScoringSettings) -> tuple[list[VariantResult], checks.Check, str | None]:
     """Score every planned variant (or skip them all over the time budget): the results, the kv check, and
     the setup problem (every variant answered nothing)."""
     started = time.perf_counter()
-    results, estimate, skipped = variant_runs.score_all(model_path, spec, kv_plan, planned, reference_dtype, device,
-                                            batch_size, max_batch_tokens, max_new_tokens, max_seconds, progress)
+    results, estimate, skipped = variant_runs.score_all(model, kv_plan, planned, settings)
     if skipped:
         return results, checks.Check("kv", "skipped", f"{skipped}; to run it on a faster machine, or here with no "
                                      f"budget: {rerun.command()} --max-minutes 0"), None
@@ -265,9 +242,7 @@ class _Rerun:
     out_dir: Path
     shown_dir: Path | str | None
     model: str
-    data: str | None
-    chat_template: bool | None
-    answer_tokens: int | None
+    flags: TaskRequest
     _console: dict[str, str] = field(default_factory=dict)
 
     def command(self, model: str | None = None) -> str:
@@ -281,12 +256,13 @@ class _Rerun:
 
     def _words(self, shown, model: str) -> str:
         words = ["lpes-validate", shown(str(self.shown_dir or self.out_dir)), "--model", shown(model)]
-        if self.data is not None:
-            words += ["--data", shareable_data(self.data) if shown is shown_path else self.data]
-        if self.chat_template is not None:
-            words.append("--chat-template" if self.chat_template else "--no-chat-template")
-        if self.answer_tokens is not None:
-            words += ["--answer-tokens", str(self.answer_tokens)]
+        flags = self.flags
+        if flags.data is not None:
+            words += ["--data", shareable_data(flags.data) if shown is shown_path else flags.data]
+        if flags.chat_template is not None:
+            words.append("--chat-template" if flags.chat_template else "--no-chat-template")
+        if flags.answer_tokens is not None:
+            words += ["--answer-tokens", str(flags.answer_tokens)]
         return " ".join(shlex.quote(w) for w in words)
 
 

@@ -27,6 +27,14 @@ class ResolvedTask:
     other_task: bool = False  # a flag makes it another task than the curve was searched on (not just fewer examples)
 
 
+def check_answer_tokens(value: int | None) -> None:
+    """--answer-tokens, the same for lpes-search, lpes-validate and lpes-convert."""
+    from lpes.foundation.spec import MAX_ANSWER_TOKENS
+
+    if value is not None and not 1 <= value <= MAX_ANSWER_TOKENS:
+        raise LpesError(f"--answer-tokens must be in 1..{MAX_ANSWER_TOKENS}, got {value}")
+
+
 def resolve_task(model_path: Path, spec: Spec | None, data: str | None = None, chat_template: bool | None = None,
                  answer_tokens: int | None = None) -> ResolvedTask:
     """The task validation scores: each of `data`, `chat_template`, `answer_tokens` (the user's flags), where
@@ -71,21 +79,21 @@ def resolve_task(model_path: Path, spec: Spec | None, data: str | None = None, c
     return ResolvedTask(config, chat, used, source, searched, override, other_task)
 
 
-def check_task_encodes(model_path: Path, task: ResolvedTask, source: str | None = None) -> int:
+def check_task_encodes(model_path: Path, config, task: ResolvedTask, source: str | None = None) -> int:
     """The task's prompts and answers encode with the model's tokenizer (`vocabulary.check_vocabulary`, as lpes-search
     checks its data), else LpesError in one line: lpes-convert calls it at plan time, before any export.
     Returns the longest sequence validation generates (prompt + answer budget, in tokens), which an export with
     a fixed context (genai) must hold; 0 without tokenizer files (key-value scoring is then skipped, and says why).
     The task's sizes are bounded first (validation/sizes.py): its prompts against memory before they are built,
     their positions against the model's trained length (a bundled task's from its description, before)."""
-    from lpes.converter.loading import has_tokenizer, load_config, load_tokenizer
+    from lpes.converter.loading import has_tokenizer, load_tokenizer
     from lpes.validation.scoring import longest_sequence
     from lpes.validation.sizes import check_positions, check_prompt_memory
     from lpes.validation.tasks import examples_for
 
     if not has_tokenizer(model_path):
         return 0
-    config, flag = load_config(model_path), _flag(task)
+    flag = _flag(task)
     model = source or Path(model_path).name
     if task.config.length is not None:  # a bundled model's task: `length` is the positions a prompt takes
         check_positions(config, task.config.length + (task.config.answer_tokens or 1), flag, model,

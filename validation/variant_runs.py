@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lpes.converter.loading import ResolvedModel
 from lpes.exporters.targets import RunContext, RunnerUnavailable, registry
 from lpes.foundation.devices import check_device, format_bytes
 from lpes.foundation.errors import LpesError
@@ -17,6 +18,7 @@ from lpes.foundation.rope_schemes import SCHEMES
 from lpes.foundation.spec import LINEAR_ROPE, Spec, StockRope
 from lpes.validation import checks, scoring
 from lpes.validation.examples import Example
+from lpes.validation.model_preflight import DEFAULT_MAX_SECONDS
 from lpes.validation.results import REFERENCE, UNIFORM, UNSCALED, VariantResult
 from lpes.validation.sizes import FORWARD_MARGIN, forward_bytes
 from lpes.validation.task_choice import ResolvedTask, check_examples_encode, token_span
@@ -145,9 +147,22 @@ def plan_variants(spec: Spec, config, longest: int, exports, baseline_note: str 
     return planned
 
 
-def score_all(model_path, spec, kv_plan: KvPlan, planned: list[PlannedVariant], reference_dtype, device,
-               batch_size, max_batch_tokens, max_new_tokens, max_seconds, progress):
-    """Load the model, time a probe batch, and score every variant if the estimate fits `max_seconds`.
+@dataclass(frozen=True)
+class ScoringSettings:
+    """How validation scores every variant: one object from a command's plan to the last greedy call."""
+
+    reference_dtype: str = "float32"  # the torch variants' precision
+    device: str | None = None  # None: cuda when available, else cpu
+    batch_size: int = 8
+    max_batch_tokens: int = scoring.MAX_BATCH_TOKENS
+    max_new_tokens: int | None = None  # None: each example's own answer budget
+    max_seconds: float | None = DEFAULT_MAX_SECONDS
+    progress: bool = True
+
+
+def score_all(model: ResolvedModel, kv_plan: KvPlan, planned: list[PlannedVariant],
+              settings: ScoringSettings) -> tuple[list[VariantResult], str, str | None]:
+    """Load the model, time a probe batch, and score every variant if the estimate fits the time budget.
 
     Under a budget the probe is bounded first (validation/checks.py): one prompt's prefill is timed on its
     prefixes, and where the prefills extrapolated from them exceed the budget, or the probe's could, nothing
@@ -156,101 +171,148 @@ def score_all(model_path, spec, kv_plan: KvPlan, planned: list[PlannedVariant], 
     Returns (results, estimate text, why skipped or None).
     """
     import torch
-    from tqdm.auto import tqdm
 
     from lpes.converter.loading import load_model
-    from lpes.converter.reference import apply, use_stock_rope
 
-    tokenizer, examples = kv_plan.tokenizer, kv_plan.examples
-    where = torch.device(check_device(device))
-    model = load_model(Path(model_path), reference_dtype).to(where)
-    eos = scoring.eos_token_ids(model, tokenizer) or None  # the exports' runners get the same stop tokens
+    where = torch.device(check_device(settings.device))
+    torch_model = load_model(model.path, settings.reference_dtype).to(where)
     scored = [v for v in planned if v.same_as is None and v.skipped is None]
-    over = f"over the {checks.format_seconds(max_seconds)} budget" if max_seconds is not None else ""
-    deadline = None
-    if max_seconds is not None:  # the probe itself within the budget: its prefill timed on prefixes first
-        deadline = time.perf_counter() + max_seconds
-        prefix = checks.time_prefix(model, tokenizer, examples, kv_plan.sequence_tokens, batch_size,
-                                    max_batch_tokens, max_seconds)
-        least = sum(checks.prefill_seconds(prefix, kv_plan.prompt_tokens, kv_plan.sequence_tokens,
-                                           1 if v.one_at_a_time else batch_size, max_batch_tokens) for v in scored)
-        worst = prefix.rows * prefix.row_prefill(worst=True)
-        if least > max_seconds or prefix.seconds + worst > max_seconds:
-            del model
-            estimate = checks.describe_prefix(least, prefix, where.type)
-            if least > max_seconds:
-                return [], estimate, f"{len(examples)} examples x {len(scored)} variants would take {estimate}, {over}"
-            return [], estimate, (f"the first batch alone ({prefix.rows} example(s) of {prefix.width:,} prompt "
-                                  f"tokens) could take up to {checks.format_seconds(worst)} to prefill, {over} "
-                                  f"(extrapolated from its first prompt's first {prefix.timings[-1][0]:,} tokens)")
-    try:
-        probe = checks.probe(model, tokenizer, examples, kv_plan.sequence_tokens, batch_size, max_batch_tokens,
-                             max_new_tokens, eos, single=any(v.one_at_a_time for v in scored), deadline=deadline)
-    except checks.ProbeOverBudget:
-        del model
-        return [], f"over {checks.format_seconds(max_seconds)}", (
-            f"{len(examples)} examples x {len(scored)} variants: the timed first batch alone ran past the "
-            f"{checks.format_seconds(max_seconds)} budget")
-    seconds = sum(checks.estimate_seconds(probe, kv_plan.prompt_tokens, kv_plan.sequence_tokens,
-                                          1 if v.one_at_a_time else batch_size, max_batch_tokens) for v in scored)
-    estimate = checks.describe_estimate(seconds, probe, where.type)
-    if max_seconds is not None and seconds > max_seconds:
-        del model
-        return [], estimate, f"{len(examples)} examples x {len(scored)} variants would take {estimate}, {over}"
-    bar = tqdm(total=len(examples) * len(scored), desc="lpes-validate", unit="example", disable=not progress)
-
-    def score(name: str, runner, one_at_a_time: bool = False) -> scoring.Scores:
-        bar.set_postfix_str(name)
-        return scoring.greedy_correct(runner, tokenizer, examples, 1 if one_at_a_time else batch_size, max_new_tokens,
-                                      progress=bar.update, eos_token_id=eos, max_batch_tokens=max_batch_tokens)
-
+    probe, estimate, skipped = _probe_within_budget(torch_model, kv_plan, scored, settings, where.type)
+    if skipped is not None:
+        return [], estimate, skipped
+    scorer = _Scorer(torch_model, model.spec, kv_plan, settings, probe, len(scored), str(where))
+    del torch_model  # the scorer's is the one copy: it lets go of it before the exports load theirs
     results: list[VariantResult] = []
-    by_name: dict[str, VariantResult] = {}
-    run = RunContext(reference_dtype, str(where), scoring.pad_token_id(None, tokenizer))
-    reference: VariantResult | None = None
-    for v in planned:
-        if v.kind == "export" and model is not None:
-            del model  # one copy of the weights at a time: the exports load their own
-            model = None
-        if v.skipped is not None:
-            result = VariantResult(v.name, "skipped", note=v.skipped, baseline=v.baseline)
-        elif v.same_as is not None:
-            result = VariantResult(v.name, "ok", by_name[v.same_as].scores, v.note, baseline=v.baseline,
-                                   same_as=v.same_as)
-        elif v.kind == "export":
-            result = _score_export(v.name, v.folder, reference, run, eos, score, v.one_at_a_time)
-            if result.status != "ok":
-                bar.update(len(examples))
-        else:
-            if v.kind == "stock":
-                use_stock_rope(model, v.rope)
-            else:  # the curve under the spec's scheme; the uniform baseline is linear
-                apply(model, Spec.from_scales(list(v.scales), rope=spec.rope if v.kind == "reference" else LINEAR_ROPE))
-            if v.kind == "unscaled":  # the probe batch was scored unscaled: the others only
-                bar.set_postfix_str(v.name)
-                bar.update(len(probe.example_ids))
-                rest = [i for i in range(len(examples)) if i not in set(probe.example_ids)]
-                scores = checks.merge_scores(probe, _score_some(model, tokenizer, examples, rest, batch_size,
-                                                                max_new_tokens, eos, max_batch_tokens, bar.update),
-                                             rest)
-            else:
-                scores = score(v.name, model, v.one_at_a_time)
-            result = VariantResult(v.name, "ok", scores, v.note, baseline=v.baseline)
-        if v.kind == "reference":
-            reference = result
-        by_name[v.name] = result
-        results.append(result)
-    bar.close()
+    for variant in planned:
+        results.append(scorer.run(variant))
+    scorer.close()
     return results, estimate, None
 
 
-def _score_some(model, tokenizer, examples, ids: list[int], batch_size, max_new_tokens, eos, max_batch_tokens,
-                progress) -> scoring.Scores:
-    """Greedy scores of the examples `ids` only (numbered by their place in `ids`)."""
-    if not ids:
-        return scoring.Scores((), 0)
-    return scoring.greedy_correct(model, tokenizer, [examples[i] for i in ids], batch_size, max_new_tokens,
-                                  progress=progress, eos_token_id=eos, max_batch_tokens=max_batch_tokens)
+def _probe_within_budget(model, kv_plan: KvPlan, scored: list[PlannedVariant], settings: ScoringSettings,
+                         device: str) -> tuple[Any, str, str | None]:
+    """The probe batch (scored unscaled) and the estimate for every variant; or why the scoring is skipped."""
+    from lpes.validation.scoring import eos_token_ids
+
+    examples, budget = kv_plan.examples, settings.max_seconds
+    batch, wide = settings.batch_size, settings.max_batch_tokens
+    over = f"over the {checks.format_seconds(budget)} budget" if budget is not None else ""
+    deadline = None
+    if budget is not None:  # the probe itself within the budget: its prefill timed on prefixes first
+        deadline = time.perf_counter() + budget
+        prefix = checks.time_prefix(model, kv_plan.tokenizer, examples, kv_plan.sequence_tokens, batch, wide, budget)
+        least = sum(checks.prefill_seconds(prefix, kv_plan.prompt_tokens, kv_plan.sequence_tokens,
+                                           1 if v.one_at_a_time else batch, wide) for v in scored)
+        worst = prefix.rows * prefix.row_prefill(worst=True)
+        if least > budget or prefix.seconds + worst > budget:
+            estimate = checks.describe_prefix(least, prefix, device)
+            if least > budget:
+                return None, estimate, (f"{len(examples)} examples x {len(scored)} variants would take {estimate}, "
+                                        f"{over}")
+            return None, estimate, (f"the first batch alone ({prefix.rows} example(s) of {prefix.width:,} prompt "
+                                    f"tokens) could take up to {checks.format_seconds(worst)} to prefill, {over} "
+                                    f"(extrapolated from its first prompt's first {prefix.timings[-1][0]:,} tokens)")
+    eos = eos_token_ids(model, kv_plan.tokenizer) or None
+    try:
+        probe = checks.probe(model, kv_plan.tokenizer, examples, kv_plan.sequence_tokens, batch, wide,
+                             settings.max_new_tokens, eos, single=any(v.one_at_a_time for v in scored),
+                             deadline=deadline)
+    except checks.ProbeOverBudget:
+        return None, f"over {checks.format_seconds(budget)}", (
+            f"{len(examples)} examples x {len(scored)} variants: the timed first batch alone ran past the "
+            f"{checks.format_seconds(budget)} budget")
+    seconds = sum(checks.estimate_seconds(probe, kv_plan.prompt_tokens, kv_plan.sequence_tokens,
+                                          1 if v.one_at_a_time else batch, wide) for v in scored)
+    estimate = checks.describe_estimate(seconds, probe, device)
+    if budget is not None and seconds > budget:
+        return None, estimate, f"{len(examples)} examples x {len(scored)} variants would take {estimate}, {over}"
+    return probe, estimate, None
+
+
+class _Scorer:
+    """Scores the planned variants in table order on one progress bar, one function per kind, with one copy of
+    the weights at a time (the exports load their own once the torch variants are done)."""
+
+    def __init__(self, model, spec: Spec, kv_plan: KvPlan, settings: ScoringSettings, probe, variants: int,
+                 device: str) -> None:
+        from tqdm.auto import tqdm
+
+        self.model, self.spec, self.kv, self.settings, self.probe = model, spec, kv_plan, settings, probe
+        self.eos = scoring.eos_token_ids(model, kv_plan.tokenizer) or None  # the exports' runners stop alike
+        self.run_context = RunContext(settings.reference_dtype, device, scoring.pad_token_id(None, kv_plan.tokenizer))
+        self.bar = tqdm(total=len(kv_plan.examples) * variants, desc="lpes-validate", unit="example",
+                        disable=not settings.progress)
+        self.by_name: dict[str, VariantResult] = {}
+        self.reference: VariantResult | None = None
+
+    def run(self, v: PlannedVariant) -> VariantResult:
+        if v.kind == "export" and self.model is not None:
+            self.model = None  # one copy of the weights at a time: the exports load their own
+        if v.skipped is not None:
+            result = VariantResult(v.name, "skipped", note=v.skipped, baseline=v.baseline)
+        elif v.same_as is not None:
+            result = VariantResult(v.name, "ok", self.by_name[v.same_as].scores, v.note, baseline=v.baseline,
+                                   same_as=v.same_as)
+        else:
+            result = {"unscaled": self._unscaled, "uniform": self._scaled, "reference": self._scaled,
+                      "stock": self._stock, "export": self._export}[v.kind](v)
+        if v.kind == "reference":
+            self.reference = result
+        self.by_name[v.name] = result
+        return result
+
+    def close(self) -> None:
+        self.bar.close()
+
+    def _unscaled(self, v: PlannedVariant) -> VariantResult:
+        """The unscaled model: the probe batch was scored so already, the other examples only here."""
+        from lpes.converter.reference import apply
+
+        apply(self.model, Spec.from_scales(list(v.scales), rope=LINEAR_ROPE))
+        self.bar.set_postfix_str(v.name)
+        self.bar.update(len(self.probe.example_ids))
+        rest = [i for i in range(len(self.kv.examples)) if i not in set(self.probe.example_ids)]
+        scores = checks.merge_scores(self.probe, self._greedy(self.model, rest), rest)
+        return VariantResult(v.name, "ok", scores, v.note, baseline=v.baseline)
+
+    def _scaled(self, v: PlannedVariant) -> VariantResult:
+        """The curve under the spec's scheme, or the uniform baseline (linear)."""
+        from lpes.converter.reference import apply
+
+        rope = self.spec.rope if v.kind == "reference" else LINEAR_ROPE
+        apply(self.model, Spec.from_scales(list(v.scales), rope=rope))
+        return VariantResult(v.name, "ok", self._score(v.name, self.model, v.one_at_a_time), v.note,
+                             baseline=v.baseline)
+
+    def _stock(self, v: PlannedVariant) -> VariantResult:
+        """A stock RoPE baseline, as transformers computes it."""
+        from lpes.converter.reference import use_stock_rope
+
+        use_stock_rope(self.model, v.rope)
+        return VariantResult(v.name, "ok", self._score(v.name, self.model, v.one_at_a_time), v.note,
+                             baseline=v.baseline)
+
+    def _export(self, v: PlannedVariant) -> VariantResult:
+        result = _score_export(v.name, v.folder, self.reference, self.run_context, self.eos, self._score,
+                               v.one_at_a_time)
+        if result.status != "ok":
+            self.bar.update(len(self.kv.examples))
+        return result
+
+    def _score(self, name: str, runner, one_at_a_time: bool) -> scoring.Scores:
+        self.bar.set_postfix_str(name)
+        return self._greedy(runner, range(len(self.kv.examples)), 1 if one_at_a_time else None)
+
+    def _greedy(self, runner, ids, batch_size: int | None = None) -> scoring.Scores:
+        """Greedy scores of the examples `ids` (numbered by their place in `ids`)."""
+        ids = list(ids)
+        if not ids:
+            return scoring.Scores((), 0)
+        settings = self.settings
+        return scoring.greedy_correct(runner, self.kv.tokenizer, [self.kv.examples[i] for i in ids],
+                                      batch_size or settings.batch_size, settings.max_new_tokens,
+                                      progress=self.bar.update, eos_token_id=self.eos,
+                                      max_batch_tokens=settings.max_batch_tokens)
 
 
 def _score_export(name, folder, reference: VariantResult, run: RunContext, eos, score,

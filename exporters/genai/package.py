@@ -49,13 +49,12 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from lpes.converter import lpes_rope
 from lpes.converter.architectures import ARCHITECTURES, GenaiSupport, architecture_for
-from lpes.converter.loading import resolved_for_model
+from lpes.converter.loading import ResolvedModel
 from lpes.exporters.genai.builds import BUILDS
 from lpes.foundation.errors import LpesError
 from lpes.foundation.files import write_text_atomic
@@ -84,17 +83,16 @@ class GenaiPlan:
     context_length: int = 0
 
 
-def check_genai(model_path: Path, spec: Spec, precision: str = "fp32", execution_provider: str = "cpu",
-                config: Any = None, min_context: int = 0) -> GenaiPlan:
+def check_genai(resolved: ResolvedModel, precision: str = "fp32", execution_provider: str = "cpu",
+                min_context: int = 0) -> GenaiPlan:
     """Validate everything `export_genai` needs without reading a weight; LpesError on the first problem.
 
-    `config`: the model's config with `spec` resolved for it (lpes-convert's ExportJob); None: read here.
     `min_context`: the longest sequence validation will generate on the package (ExportJob.validation_tokens).
     """
     if importlib.util.find_spec("onnxruntime_genai") is None:
         raise LpesError("--to genai needs onnxruntime-genai: pip install 'lpes[genai]'")
     _check_target(precision, execution_provider)
-    config, spec = resolved_for_model(model_path, spec, config)
+    model_path, config, spec = resolved.path, resolved.config, resolved.spec
     entry = _architecture_entry(config)
     rope_type = config.rope_parameters.get("rope_type", "default")
     if rope_type not in entry.rope_types:
@@ -133,11 +131,10 @@ def _tokenizer_has_eos(model_path: Path) -> bool:
     return has_tokenizer(model_path) and load_tokenizer(model_path).eos_token_id is not None
 
 
-def export_genai(
-    model_path: Path, spec: Spec, out_dir: Path, precision: str = "fp32", execution_provider: str = "cpu"
-) -> Path:
-    """Build the onnxruntime-genai package of `model_path` with per-layer RoPE caches into `out_dir`."""
-    return write_genai(check_genai(model_path, spec, precision, execution_provider), out_dir)
+def export_genai(resolved: ResolvedModel, out_dir: Path, precision: str = "fp32", execution_provider: str = "cpu"
+                 ) -> Path:
+    """Build the onnxruntime-genai package of `resolved`'s model with per-layer RoPE caches into `out_dir`."""
+    return write_genai(check_genai(resolved, precision, execution_provider), out_dir)
 
 
 def write_genai(plan: GenaiPlan, out_dir: Path) -> Path:

@@ -35,8 +35,7 @@ class GenaiPackage(Target):
     def check(self) -> None:
         from lpes.exporters.genai.package import check_genai
 
-        self.plan = check_genai(self.job.model_path, self.job.spec, config=self.job.config,
-                                min_context=self.job.validation_tokens, **self.options)
+        self.plan = check_genai(self.job.resolved, min_context=self.job.validation_tokens, **self.options)
 
     def output_bytes(self, out: Path) -> int:
         from lpes.exporters.genai.package import package_bytes

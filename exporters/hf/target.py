@@ -30,8 +30,7 @@ class HubFolder(Target):
         from lpes.foundation.version import __version__
 
         job: ExportJob = self.job
-        written = write_hf_folder(job.model_path, job.spec, folder, job.model_name, __version__,
-                                  model_card=False, config=job.config)
+        written = write_hf_folder(job.resolved, folder, job.model_name, __version__, model_card=False)
         return Written(reports=[f"Hub folder: {written.note}"])
 
     def finish(self, folder: Path, validation: Validated | None) -> None:

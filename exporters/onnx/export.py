@@ -38,12 +38,11 @@ import logging
 import shutil
 import warnings
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
 
-from lpes.converter.loading import DTYPES, check_dtype, load_model, resolved_for_model, torch_dtype
+from lpes.converter.loading import DTYPES, ResolvedModel, check_dtype, load_model, torch_dtype
 from lpes.converter.reference import apply, check_layout, check_rope_scheme
 from lpes.exporters.onnx import graph_io
 from lpes.foundation.errors import LpesError
@@ -93,17 +92,12 @@ class FlatKVCausalLM(nn.Module):
 
 
 def export_onnx(
-    model_path: Path, spec: Spec, out_dir: Path, dtype: str = "float32", opset: int = DEFAULT_OPSET, config: Any = None
+    resolved: ResolvedModel, out_dir: Path, dtype: str = "float32", opset: int = DEFAULT_OPSET
 ) -> Path:
-    """Export `model_path` with `spec` applied into `out_dir` (created if needed); returns `out_dir`.
-
-    `config`: the model's config with `spec` resolved and checked for it (lpes-convert's plan ran
-    `check_exportable`); None: read, resolved and checked here.
-    """
-    model_path, out_dir = Path(model_path), Path(out_dir)
-    if config is None:
-        config, spec = resolved_for_model(model_path, spec)
-        check_exportable(config, spec, dtype)
+    """Export `resolved` (its folder, config and spec) with the spec applied into `out_dir` (created if needed);
+    returns `out_dir`. What `check_exportable` refuses is refused first (lpes-convert's plan ran it already)."""
+    model_path, spec, out_dir = resolved.path, resolved.spec, Path(out_dir)
+    check_exportable(resolved.config, spec, dtype)
 
     model = load_model(model_path, dtype, for_export=True)
     apply(model, spec)

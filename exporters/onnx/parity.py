@@ -28,12 +28,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
-from lpes.converter.loading import load_model, resolved_for_model
+from lpes.converter.loading import ResolvedModel, load_model
 from lpes.converter.reference import apply
 from lpes.exporters.onnx.runner import OrtCausalLM
 from lpes.exporters.runners import left_pad
@@ -145,14 +144,9 @@ def _divergence_text(first: list[int | None]) -> str:
     return "differs (" + ", ".join(steps) + ")"
 
 
-def check_parity(model_path: Path, spec: Spec, onnx_dir: Path, dtype: str, num_tokens: int = 32,
-                 config: Any = None) -> ParityReport:
-    """Compare the export in `onnx_dir` with `model_path` patched by `spec` (see the module docstring).
-
-    `config`: the model's config with `spec` resolved for it (lpes-convert's ExportJob); None: read here.
-    """
-    model_path, onnx_dir = Path(model_path), Path(onnx_dir)
-    config, spec = resolved_for_model(model_path, spec, config)
+def check_parity(resolved: ResolvedModel, onnx_dir: Path, dtype: str, num_tokens: int = 32) -> ParityReport:
+    """Compare the export in `onnx_dir` with `resolved`'s model patched by its spec (see the module docstring)."""
+    model_path, config, spec, onnx_dir = resolved.path, resolved.config, resolved.spec, Path(onnx_dir)
     runner = OrtCausalLM(onnx_dir)
     model = apply(load_model(model_path, dtype), spec)
     _no_early_stop(model)

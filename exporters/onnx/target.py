@@ -37,12 +37,12 @@ class OnnxExport(Target):
         from lpes.exporters.onnx.export import export_onnx
 
         job = self.job
-        export_onnx(job.model_path, job.spec, folder, dtype=job.dtype, config=job.config)
+        export_onnx(job.resolved, folder, dtype=job.dtype)
         if not job.validate:
             return Written()
         from lpes.exporters.onnx.parity import check_parity
 
-        report = check_parity(job.model_path, job.spec, folder, job.dtype, config=job.config)
+        report = check_parity(job.resolved, folder, job.dtype)
         return Written([report.format()], passed=report.passed)
 
     @classmethod
