@@ -46,7 +46,8 @@ def run(model: str, name: str, extra: dict) -> dict:
         started = time.perf_counter()
         spec = search(model, Path(tmp) / "best.json", options, force=True, progress=False)
         seconds = time.perf_counter() - started
-    found, held = spec.provenance["search"], spec.provenance["held_out"]
+    recorded = spec.provenance.to_json()  # the run's counts: the free-form part of the record
+    found, held = recorded["search"], recorded["held_out"]
     return {"model": model, "config": name, "options": extra, "seconds": round(seconds), "held_out": held,
             "tokens": found["forward_tokens"], "tokens_to_best": found["tokens_to_best_fitness"],
             "generations": found["generations_run"], "fitness": found["fitness"], "scales": list(spec.scales),

@@ -77,11 +77,12 @@ class Bench:
             started = time.perf_counter()
             spec = search(model, Path(tmp) / "best.json", options, force=True, progress=self.progress)
             seconds = time.perf_counter() - started
-        found, state, pool = spec.provenance["search"], self.state, self.pool
+        recorded = spec.provenance.to_json()  # the run's counts: the free-form part of the record
+        found, state, pool = recorded["search"], self.state, self.pool
         row = {"name": name, "model": model, "tokens": found["forward_tokens"], "wall_s": seconds,
                # the seconds the verdicts it asked for took when computed (cached or not)
                "model_s": sum(u.busy_s for u in self.evaluator.usage), "fitness": found["fitness"],
-               "held_out": spec.provenance["held_out"], "scales": [round(s, 3) for s in spec.scales],
+               "held_out": recorded["held_out"], "scales": [round(s, 3) for s in spec.scales],
                "scored": found["evaluations"], "raced_out": found["raced_out"],
                "generations": found["generations_run"], "stop": found["stop_reason"],
                "history": found["history"], "improvements": state.improvements,

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Are every command's outputs on the bundled models the same bytes as an earlier checkout's? (issue 52: a refactor
-# changes no output.) Runs make demo's two commands (lpes-search, then lpes-convert to hf, onnx and genai) and
-# lpes-validate on the folder they wrote, once with the lpes of OLD_TREE and once with this checkout's, then
-# compares every file. validation.json, validation.md and the model card state the seconds a validation took; those
+# changes no output.) Runs make demo's two commands (lpes-search, then lpes-convert to hf, onnx and genai),
+# lpes-validate and lpes-generate on the folder they wrote, and README's tour of lpes-tiny-kv (search, convert to
+# hf and onnx, validate, generate twice), once with the lpes of OLD_TREE and once with this checkout's, then
+# compares every file (lpes-generate's text kept in generated.txt). validation.json, validation.md and the model card state the seconds a validation took; those
 # numbers are masked before the comparison, nothing else.
 #
 #   git worktree add /tmp/lpes-before <commit>   # or any checkout of the earlier tree
@@ -31,6 +32,15 @@ run_all() {  # $1: the package root on PYTHONPATH, $2: the folder the outputs go
   eval "$lpes" convert_main lpes-tiny-induction --curve demo/best.json --to hf,onnx,genai \
     --out demo/lpes-tiny-induction-lpes --data tiny-induction:examples=40
   eval "$lpes" validate_main demo/lpes-tiny-induction-lpes --data tiny-induction:examples=10
+  eval "$lpes" generate_main demo/lpes-tiny-induction-lpes "'f3 k12 k33 v5 f30 k7 k9 v2 f1 q12'" \
+    --max-new-tokens 3 > demo/generated.txt
+  # README's tour of lpes-tiny-kv
+  eval "$lpes" search_main lpes-tiny-kv --out kv-out/best.json --data tiny-kv:examples=8 --population 12 \
+    --generations 8
+  eval "$lpes" convert_main lpes-tiny-kv --curve kv-out/best.json --to hf,onnx --out kv-out/lpes-tiny-kv-lpes
+  eval "$lpes" validate_main kv-out/lpes-tiny-kv-lpes --data tiny-kv:examples=4,length=2048
+  eval "$lpes" generate_main kv-out/lpes-tiny-kv-lpes "'p3_1 f2 q3'" --max-new-tokens 1 > kv-out/generated.txt
+  eval "$lpes" generate_main kv-out/lpes-tiny-kv-lpes/onnx "'p3_1 f2 q3'" --max-new-tokens 1 >> kv-out/generated.txt
   cd - >/dev/null
 }
 

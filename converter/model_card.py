@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lpes.foundation.files import write_text_atomic
+from lpes.foundation.provenance import SearchRecord
 from lpes.foundation.rope_schemes import SCHEMES
 from lpes.foundation.spec import Spec
 
@@ -100,7 +101,7 @@ def model_card(spec: Spec, base_model: str, config, validation_md: str = "", mea
     ] if s]
     if validation_md:
         sections.append("## Validation\n\n" + validation_md.strip())
-    sections.append(f"Made with lpes {spec.provenance.get('lpes_version', '')}; the full spec is in `lpes_spec.json`.")
+    sections.append(f"Made with lpes {spec.provenance.lpes_version or ''}; the full spec is in `lpes_spec.json`.")
     return "\n\n".join(sections) + "\n"
 
 
@@ -186,7 +187,7 @@ def _is_bundled(base_model: str) -> bool:
 
 
 def _measured_text(spec: Spec, config, measured: Measured | None, searched_on: str | None = None) -> str:
-    search = spec.provenance.get("search") if isinstance(spec.provenance.get("search"), dict) else {}
+    search = spec.provenance.search
     trained = getattr(config, "max_position_embeddings", None)
     if measured is None:
         return _from_provenance(spec, search, trained)
@@ -213,7 +214,7 @@ def _verdict_text(verdict: str | None, why: str) -> str:
     return ""
 
 
-def _task_text(m: Measured, trained: int | None, search: dict, searched_on: str | None = None) -> str:
+def _task_text(m: Measured, trained: int | None, search: SearchRecord | None, searched_on: str | None = None) -> str:
     per_index = m.examples // max(len(m.lpes.by_gold_index), 1)
     text = (f"The task is key-value retrieval: each prompt hides {m.num_pairs} key-value facts, then asks for "
             f"the value of one of them; an answer is correct when greedy decoding gives that value. The "
@@ -229,11 +230,12 @@ def _task_text(m: Measured, trained: int | None, search: dict, searched_on: str 
                  else "within the length it was made for")
         text += (f" The base model's config gives {trained} positions (`max_position_embeddings`): "
                  f"the prompts are {where}.")
-    if "calibration_examples" in search and searched_on:
-        text += (f" The search (on {searched_on}, above) calibrated on {search['calibration_examples']} prompts of "
+    examples = search.calibration_examples if search is not None else None
+    if examples is not None and searched_on:
+        text += (f" The search (on {searched_on}, above) calibrated on {examples} prompts of "
                  "its own, not on these.")
-    elif "calibration_examples" in search:
-        text += (f" The scales were found by `lpes-search` on {search['calibration_examples']} other prompts "
+    elif examples is not None:
+        text += (f" The scales were found by `lpes-search` on {examples} other prompts "
                  f"of the same task (calibration), so none of these was seen by the search.")
     return text
 
@@ -286,21 +288,22 @@ def _verdict(lpes: float, uniform: float, examples: int) -> str:
             f"scale s is the better choice.")
 
 
-def _from_provenance(spec: Spec, search: dict, trained: int | None) -> str:
-    held = spec.provenance.get("held_out")
-    if not search or not isinstance(held, dict):
+def _from_provenance(spec: Spec, search: SearchRecord | None, trained: int | None) -> str:
+    held = spec.provenance.held_out
+    if search is None or held is None:
         return "These scales carry no search record and were not validated here; see `lpes_spec.json`."
-    text = (f"The scales were found by `lpes-search` on {search.get('calibration_examples', '?')} key-value "
-            f"retrieval prompts (`{search.get('data') or 'the model folder default task'}`): each hides facts in "
+    examples = "?" if search.calibration_examples is None else search.calibration_examples
+    text = (f"The scales were found by `lpes-search` on {examples} key-value "
+            f"retrieval prompts (`{search.data or 'the model folder default task'}`): each hides facts in "
             "a long context and asks for one. ")
-    if held.get("examples") == 0:  # --holdout 0: no held-out numbers (null in the spec), none to show
+    if held.examples == 0:  # --holdout 0: no held-out numbers (null in the spec), none to show
         text += "It held out no prompts (`--holdout 0`), so it measured no held-out accuracy"
     else:
-        text += (f"On {held.get('examples', '?')} held-out prompts the search measured {_pct(held.get('unscaled'))} "
-                 f"correct unscaled and {_pct(held.get('lpes'))} with the scales")
-    if spec.best_uniform_scale is not None and "best_uniform_fitness" in search:
-        text += (f"; on its calibration prompts the curve scored {_pct(search.get('fitness'))} and the best single "
-                 f"scale for every layer (s = {spec.best_uniform_scale:g}) {_pct(search['best_uniform_fitness'])}")
+        text += (f"On {'?' if held.examples is None else held.examples} held-out prompts the search measured "
+                 f"{_pct(held.unscaled)} correct unscaled and {_pct(held.lpes)} with the scales")
+    if spec.best_uniform_scale is not None and search.best_uniform_fitness is not None:
+        text += (f"; on its calibration prompts the curve scored {_pct(search.fitness)} and the best single "
+                 f"scale for every layer (s = {spec.best_uniform_scale:g}) {_pct(search.best_uniform_fitness)}")
     text += "."
     if trained:
         text += f" The base model's config gives {trained} positions (`max_position_embeddings`)."

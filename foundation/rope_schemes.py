@@ -48,3 +48,24 @@ SCHEMES: dict[str, RopeFacts] = {
 
 # The stock length-extension types lpes-search scans as baselines (transformers' rope_type -> the name readers know).
 STOCK_TYPES = {t: f.name for t, f in SCHEMES.items() if t != "linear"}
+
+
+@dataclass(frozen=True)
+class StockRope:
+    """A stock RoPE length extension at one factor, the same in every layer: a baseline for a curve."""
+
+    rope_type: str  # a key of STOCK_TYPES, as config.json's rope_parameters name it
+    factor: float
+
+    @property
+    def name(self) -> str:
+        return f"{STOCK_TYPES[self.rope_type]} f={self.factor:g}"
+
+    @property
+    def length_dependent(self) -> bool:
+        """Its frequencies follow the sequence length: in a batch the longest row would set them for all."""
+        return SCHEMES[self.rope_type].length_dependent
+
+    def same_as_unscaled(self, longest: int, trained: int | None) -> bool:
+        """It computes the model's own RoPE on sequences of at most `longest` positions (rope_schemes.py)."""
+        return SCHEMES[self.rope_type].same_as_unscaled(self.factor, longest, trained)

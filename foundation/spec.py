@@ -59,16 +59,17 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass, field, replace
-from functools import cached_property
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from lpes.foundation import bezier
-from lpes.foundation.decision import Decision, one_line_text, parse_decision
+from lpes.foundation.decision import Decision
 from lpes.foundation.errors import LpesError, shown
 from lpes.foundation.files import write_bytes_atomic
-from lpes.foundation.rope_schemes import SCHEMES
+from lpes.foundation.provenance import Provenance, SearchTask, Shipped
+from lpes.foundation.rope_schemes import SCHEMES, StockRope
 from lpes.foundation.spec_fields import (
     FORMAT,
     MAX_ANSWER_TOKENS,
@@ -81,12 +82,10 @@ from lpes.foundation.spec_fields import (
     YARN_DEFAULT_BETAS,
     check_header,
     check_keys,
-    check_provenance,
     check_rope,
     check_scales,
     control_point,
     is_int,
-    is_number,
     show,
 )
 from lpes.foundation.spec_file import check_size, decode_spec_json, read_spec_file
@@ -117,41 +116,6 @@ class Curve:
 
     def to_json(self) -> dict[str, Any]:
         return {"degree": self.degree, "control_points": [list(p) for p in self.control_points]}
-
-
-@dataclass(frozen=True)
-class StockRope:
-    """A stock RoPE length extension at one factor, the same in every layer: a baseline for a curve."""
-
-    rope_type: str  # a key of STOCK_ROPE_TYPES, as config.json's rope_parameters name it
-    factor: float
-
-    @property
-    def name(self) -> str:
-        return f"{STOCK_ROPE_TYPES[self.rope_type]} f={self.factor:g}"
-
-    @property
-    def length_dependent(self) -> bool:
-        """Its frequencies follow the sequence length: in a batch the longest row would set them for all."""
-        return SCHEMES[self.rope_type].length_dependent
-
-    def same_as_unscaled(self, longest: int, trained: int | None) -> bool:
-        """It computes the model's own RoPE on sequences of at most `longest` positions (rope_schemes.py)."""
-        return SCHEMES[self.rope_type].same_as_unscaled(self.factor, longest, trained)
-
-
-@dataclass(frozen=True)
-class SearchTask:
-    """The task a curve was searched on (`provenance.search.task`): what validation uses by default."""
-
-    data: str | None  # the --data description (a relative file path as given, else its name); None: the default
-    chat_template: bool
-    answer_tokens: int | None  # the answer budget (TaskConfig.answer_tokens); None: the answer's own tokens
-    prompt_tokens: tuple[int, int] | None = None  # shortest and longest calibration prompt, in tokens
-
-    def to_json(self) -> dict[str, Any]:
-        return {"data": self.data, "chat_template": self.chat_template, "answer_tokens": self.answer_tokens,
-                "prompt_tokens": None if self.prompt_tokens is None else list(self.prompt_tokens)}
 
 
 @dataclass(frozen=True)
@@ -213,7 +177,7 @@ class Spec:
 
     scales: tuple[float, ...] | None
     curve: Curve | None = None
-    provenance: dict[str, Any] = field(default_factory=dict)
+    provenance: Provenance = Provenance({})
     rope: RopeScheme = LINEAR_ROPE
 
     @property
@@ -226,54 +190,34 @@ class Spec:
 
         The baseline validation holds a per-layer curve against; written by the search, read by validation.
         """
-        search = self.provenance.get("search")
-        value = search.get("best_uniform_scale") if isinstance(search, dict) else None
-        return float(value) if is_number(value) and MIN_SCALE <= value <= MAX_SCALE else None
+        return self.provenance.search.best_uniform_scale if self.provenance.search else None
 
     @property
     def stock_baselines(self) -> tuple[StockRope, ...]:
         """The stock RoPE types lpes-search found best on calibration, each at its factor (none if not scanned)."""
-        search = self.provenance.get("search")
-        entries = search.get("stock_baselines") if isinstance(search, dict) else None
-        return tuple(StockRope(e["rope_type"], float(e["factor"])) for e in entries or ())
+        return self.provenance.search.stock_baselines if self.provenance.search else ()
 
     @property
     def search_task(self) -> SearchTask | None:
-        """The task lpes-search calibrated on (`provenance.search.task`), None if not recorded.
-
-        A spec written before the field was recorded gives its `search.data` and `search.chat_template`.
-        """
-        search = self.provenance.get("search")
-        if not isinstance(search, dict):
-            return None
-        task = search.get("task")
-        if isinstance(task, dict):
-            tokens = task.get("prompt_tokens")
-            return SearchTask(task.get("data"), task.get("chat_template", True), task.get("answer_tokens"),
-                              None if tokens is None else (int(tokens[0]), int(tokens[1])))
-        chat, data = search.get("chat_template"), search.get("data")
-        if isinstance(chat, bool) and (data is None or isinstance(data, str)):
-            answer = search.get("answer_tokens")
-            return SearchTask(data, chat, answer if is_int(answer) and answer >= 1 else None)
-        return None
+        """The task lpes-search calibrated on (`provenance.search.task`), None if not recorded."""
+        return self.provenance.search.task if self.provenance.search else None
 
     @property
     def searched_model(self) -> dict[str, Any] | None:
         """The fingerprint of the model the curve was searched on (`provenance.model`), None if not recorded."""
-        model = self.provenance.get("model")
-        return model if isinstance(model, dict) else None
+        model = self.provenance.model
+        return dict(model) if isinstance(model, Mapping) else None
 
     @property
     def base_model(self) -> str | None:
         """The model the spec was searched on or converted from (`provenance.base_model`), if recorded."""
-        value = self.provenance.get("base_model")
-        return value if isinstance(value, str) and value else None
+        return self.provenance.base_model
 
-    @cached_property
+    @property
     def decision(self) -> Decision | None:
         """lpes-search's held-out decision (`provenance.decision`, foundation/decision.py), checked when the spec
         was read: None in a spec written before it existed or searched with --holdout 0."""
-        return parse_decision(self.provenance.get("decision"))
+        return self.provenance.decision
 
     @property
     def serving_limit(self) -> int | None:
@@ -313,16 +257,17 @@ class Spec:
         return self
 
     @classmethod
-    def from_curve(cls, control_points, num_layers: int, provenance: dict | None = None,
+    def from_curve(cls, control_points, num_layers: int, provenance: Provenance | Mapping | None = None,
                    rope: RopeScheme = LINEAR_ROPE) -> Spec:
         curve = _parse_curve({"control_points": control_points}, "curve.")
-        return cls(None, curve, dict(provenance or {}), rope).for_layers(num_layers)
+        return cls(None, curve, Provenance.of(provenance), rope).for_layers(num_layers)
 
     @classmethod
-    def from_scales(cls, scales, provenance: dict | None = None, rope: RopeScheme = LINEAR_ROPE) -> Spec:
+    def from_scales(cls, scales, provenance: Provenance | Mapping | None = None,
+                    rope: RopeScheme = LINEAR_ROPE) -> Spec:
         checked = tuple(check_scales(scales, "scales"))
         _check_scheme_scales(checked, rope, "scales")
-        return cls(checked, None, dict(provenance or {}), rope)
+        return cls(checked, None, Provenance.of(provenance), rope)
 
     def to_json(self) -> dict[str, Any]:
         if self.scales is None:
@@ -335,7 +280,7 @@ class Spec:
             out["rope_type"] = self.rope.rope_type
             if self.rope.parameters:
                 out["rope_parameters"] = self.rope.parameters
-        out["provenance"] = self.provenance
+        out["provenance"] = self.provenance.to_json()
         return out
 
 
@@ -371,9 +316,8 @@ def parse_spec(data: Any) -> Spec:
     scales = data.get("scales")
     if scales is None and curve is None:
         raise LpesError("spec: needs 'scales' or a curve ('curve' or 'control_points')")
-    provenance = check_provenance(data.get("provenance", {}))
-    decision = parse_decision(provenance.get("decision"))
-    shipped = _check_shipped(provenance.get("shipped"))
+    provenance = Provenance.parse(data.get("provenance", {}))
+    decision, shipped = provenance.decision, provenance.shipped
     rope = RopeScheme(*check_rope(data))
     spec = Spec(None if scales is None else tuple(check_scales(scales, "scales")), curve, provenance, rope)
     if spec.scales is not None:
@@ -389,28 +333,11 @@ def parse_spec(data: Any) -> Spec:
     return spec
 
 
-SHIPPED_KEYS = ("ship", "what")
-
-
-def _check_shipped(shipped: Any) -> str | None:
-    """provenance.shipped (lpes-convert's): which of the decision and the curve the folder was made from."""
-    if shipped is None:
-        return None
-    if not isinstance(shipped, dict):
-        raise LpesError(f"spec: 'provenance.shipped' must be an object, got {show(shipped)}")
-    check_keys(shipped, SHIPPED_KEYS, "provenance.shipped")
-    if shipped.get("ship") not in ("decision", "curve"):
-        raise LpesError("spec: 'provenance.shipped.ship' must be 'decision' or 'curve', "
-                        f"got {show(shipped.get('ship'))}")
-    one_line_text(shipped.get("what"), "provenance.shipped.what")
-    return shipped["ship"]
-
-
-def _check_decision_matches(decision: Decision, shipped: str | None, spec: Spec) -> None:
+def _check_decision_matches(decision: Decision, shipped: Shipped | None, spec: Spec) -> None:
     """The scales the spec holds are what its decision says: the decision's row where lpes-convert shipped the
     decision, else (lpes-search's spec, or --ship curve) the per-layer row, where the table has one."""
     held = decision.row_computing(spec.scales, spec.rope.rope_type)
-    if shipped == "decision":
+    if shipped is not None and shipped.ship == "decision":
         if held is None or held.name != decision.ship.name:
             raise LpesError(f"spec: 'provenance.shipped' says the decision, {decision.ship.name}, ships, but the "
                             f"spec's scales and rope_type compute {held.name if held else 'none of its candidates'}")

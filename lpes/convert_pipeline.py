@@ -24,6 +24,7 @@ from lpes.exporters.targets import ExportJob, Target, default_targets, parse_tar
 from lpes.foundation.errors import LpesError
 from lpes.foundation.outputs import staged_output
 from lpes.foundation.preflight import check_folder_room
+from lpes.foundation.provenance import Shipped
 from lpes.foundation.spec import Spec, load_spec
 from lpes.validation.model_preflight import DEFAULT_MAX_SECONDS, Output, Request, TaskRequest, preflight
 
@@ -166,17 +167,17 @@ def shipped_spec(spec: Spec, ship: str, config, model_name: str) -> tuple[Spec, 
 
 
 def _marked(spec: Spec, ship: str, what: str) -> Spec:
-    return replace(spec, provenance={**spec.provenance, "shipped": {"ship": ship, "what": what}})
+    return replace(spec, provenance=spec.provenance.updated(shipped=Shipped(ship, what)))
 
 
 def _with_provenance(spec: Spec, config, model_path: Path, model_name: str) -> Spec:
     """The spec as the output holds it: `model` stays the model it was searched on (this one if it says none)."""
     from lpes.foundation.version import __version__
 
-    provenance = dict(spec.provenance)
-    provenance.setdefault("model", model_fingerprint(config, model_path, model_name))
-    provenance["base_model"] = model_label(model_name)
-    provenance["lpes_version"] = __version__
+    model = spec.provenance.model  # the model it was searched on, where recorded; else this one
+    if model is None:
+        model = model_fingerprint(config, model_path, model_name)
+    provenance = spec.provenance.updated(model=model, base_model=model_label(model_name), lpes_version=__version__)
     return replace(spec, provenance=provenance)
 
 

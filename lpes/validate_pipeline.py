@@ -61,7 +61,7 @@ def plan(options: ValidateOptions) -> ValidatePlan:
     check_hub_code(folder)  # before anything imports the folder's code (converter/trust.py)
     check_received_folder(folder)  # and before a runtime opens a file or library it names (exporters/received.py)
     room = check_report_room(folder)  # before any prompt is scored (validation/report_room.py)
-    model = options.model or spec.provenance.get("base_model") or DEFAULT_MODEL
+    model = options.model or spec.base_model or DEFAULT_MODEL
     dtype = options.dtype if options.dtype != "auto" else lambda: default_dtype(check_device(options.device))
     resolved = preflight(Request("lpes-validate", model, Output(), spec,
                                  task=TaskRequest(options.data, options.chat_template, options.answer_tokens),

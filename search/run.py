@@ -22,6 +22,7 @@ from typing import Any
 from lpes.foundation.decision import Candidate, candidate_name
 from lpes.foundation.errors import LpesError
 from lpes.foundation.files import write_text_atomic
+from lpes.foundation.provenance import Provenance
 from lpes.foundation.spec import RopeScheme, SearchTask, Spec, StockRope, dump_spec
 from lpes.search.baselines import (
     BaselineResult,
@@ -100,8 +101,8 @@ def _search(model: str, out: Path, options: SearchOptions, force: bool, progress
         print(f"lpes-search: {note}", file=sys.stderr)
     print(f"lpes-search: plan: {room}", file=sys.stderr)  # every check held: what it writes, and the room for it
     found = _run(plan, options, state, progress)
-    spec = replace(found.spec, provenance=_provenance(plan, options, found))
-    _write_outputs(spec, found.state, plan.out)
+    spec = replace(found.spec, provenance=Provenance.parse(_provenance(plan, options, found)))
+    _write_outputs(spec, found, plan.out)
     plan.checkpoint.unlink(missing_ok=True)
     _say_done(plan.out, options, found, time.time() - started)
     return spec
@@ -442,16 +443,16 @@ def _distinct(candidates: list) -> list:
     return list(first.values())
 
 
-def _write_outputs(spec: Spec, state: SearchState, out: Path) -> None:
+def _write_outputs(spec: Spec, found: _Found, out: Path) -> None:
     from lpes.foundation.plots import plot_curve, plot_fitness, plot_lengths
 
+    state = found.state
     dump_spec(spec, out)
     plot_curve(spec, out.with_name(out.stem + "_curve.png"), title="LPES curve found by lpes-search")
     uniform = state.uniform if spec.rope.linear else None  # else drawn as its stock baseline
-    objective = spec.provenance["search"]["objective"]
     plot_fitness(state.history, out.with_name(out.stem + "_fitness.png"), uniform=uniform,
                  examples=len(state.failures), model=spec.base_model,  # failures: one count per example
-                 stock=spec.provenance["search"]["stock_baselines"], objective=objective)
+                 stock=found.baselines, objective=spec.provenance.search.objective)
     if spec.decision is not None and spec.decision.lengths is not None:
         plot_lengths(spec.decision.lengths, spec.decision.alpha, out.with_name(out.stem + "_lengths.png"),
                      spec.decision.ship.name)

@@ -258,7 +258,7 @@ def test_a_per_layer_yarn_gradient_search_writes_the_curve_the_reference_scores_
                          "--learning-rate", "0.3", "--data", data)
     assert search_main(args) == 0
     spec = load_spec(tmp_path / "y.json")
-    search = spec.provenance["search"]
+    search = spec.provenance.raw["search"]
     assert spec.rope.rope_type == "yarn" and search["rope_type"] == "yarn"
     assert len(set(spec.scales)) > 1 and search["fitness"] > search["history"][0]["objective"]  # it descended
     model, tokenizer = kv_model

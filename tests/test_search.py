@@ -310,9 +310,9 @@ def test_search_on_the_bundled_model_improves_held_out_accuracy(tmp_path):
     options = SearchOptions(data="tiny-kv:examples=3", population=4, generations=1, holdout=15,
                             scale_grid="1:4:1")
     spec = search("lpes-tiny-kv", tmp_path / "best.json", options, progress=False)
-    held_out = spec.provenance["held_out"]
+    held_out = spec.provenance.raw["held_out"]
     assert held_out["lpes"] >= held_out["unscaled"] + 0.2
-    assert spec.provenance["search"]["fitness"] >= spec.provenance["search"]["best_uniform_fitness"]
+    assert spec.provenance.raw["search"]["fitness"] >= spec.provenance.raw["search"]["best_uniform_fitness"]
 
 
 def test_dtype_reaches_the_loaded_model_and_the_spec(tmp_path, tiny_kv_model, monkeypatch):
@@ -362,14 +362,14 @@ def test_search_on_benchmark_records_never_holds_out_a_calibration_record(tmp_pa
     options = SearchOptions(data=f"kv:file={real},gold=0+74", population=2, generations=0, holdout=100,
                             scale_grid="1:2:1", chat_template=False, answer_tokens=2)
     spec = search(str(tiny_model_dir("llama", tmp_path)), tmp_path / "best.json", options, progress=False)
-    search_info = spec.provenance["search"]
+    search_info = spec.provenance.raw["search"]
     calibration = search_info["calibration_data"]["records"]
     held_out = search_info["held_out_data"]["records"]
     assert calibration and held_out and not set(calibration) & set(held_out)
     assert sorted(calibration + held_out) == list(range(12))
     assert search_info["held_out_data"]["source"] == f"split of {real.name}"
     assert search_info["calibration_examples"] == 2 * len(calibration)  # every record at each of 2 gold indices
-    assert spec.provenance["held_out"]["examples"] == 2 * len(held_out)
+    assert spec.provenance.raw["held_out"]["examples"] == 2 * len(held_out)
     records = kv_data.read_jsonl(real)
     assert {records[i].value for i in calibration}.isdisjoint(records[i].value for i in held_out)
     cap = [line for line in capsys.readouterr().err.splitlines() if "--holdout" in line]

@@ -94,8 +94,8 @@ def test_the_recorded_factors_score_what_transformers_gives_on_calibration(tmp_p
     options = SearchOptions(data="tiny-kv:examples=2,length=512", population=4, generations=1, holdout=2,
                             scale_grid="1:4:1")
     spec = search("lpes-tiny-kv", tmp_path / "best.json", options, progress=False)
-    recorded = {b["rope_type"]: b for b in spec.provenance["search"]["stock_baselines"]}
-    assert set(recorded) == {"yarn", "dynamic"} and spec.provenance["search"]["stock_baselines_skipped"] == {}
+    recorded = {b["rope_type"]: b for b in spec.provenance.raw["search"]["stock_baselines"]}
+    assert set(recorded) == {"yarn", "dynamic"} and spec.provenance.raw["search"]["stock_baselines_skipped"] == {}
     assert load_spec(tmp_path / "best.json").stock_baselines == (
         StockRope("yarn", recorded["yarn"]["factor"]), StockRope("dynamic", recorded["dynamic"]["factor"]))
 
@@ -139,7 +139,7 @@ def test_none_skips_the_scan(tmp_path):
     options = SearchOptions(data="tiny-kv:examples=1,length=512", population=2, generations=0, holdout=0,
                             scale_grid="1:2:1", baselines="none")
     spec = search("lpes-tiny-kv", tmp_path / "best.json", options, progress=False)
-    assert spec.stock_baselines == () and spec.provenance["search"]["stock_baselines"] == []
+    assert spec.stock_baselines == () and spec.provenance.raw["search"]["stock_baselines"] == []
 
 
 # -- --rope-type: per-layer factors under yarn / dynamic, whose uniform scan is that stock type's scan -------
@@ -156,7 +156,7 @@ def test_a_yarn_search_starts_from_stock_yarn_and_records_it_as_the_baseline(tmp
     spec = search("lpes-tiny-kv", tmp_path / "best.json", options, progress=False)
     assert spec.rope == RopeScheme("yarn", 32.0, 1.0, 256)  # written out for the model (its trained length)
     assert load_spec(tmp_path / "best.json").rope == spec.rope
-    record = spec.provenance["search"]
+    record = spec.provenance.raw["search"]
     assert record["rope_type"] == "yarn" and record["best_uniform_scale"] is None  # no linear uniform was scanned
     [yarn] = record["stock_baselines"]
     assert yarn["rope_type"] == "yarn" and yarn["factors_scanned"] == [1.0, 2.0, 3.0, 4.0]

@@ -46,10 +46,10 @@ def single_process(tmp_path_factory):
 
 
 def result(spec: Spec) -> tuple:
-    search_record = spec.provenance["search"]
+    search_record = spec.provenance.raw["search"]
     baselines = [(b["rope_type"], b["factor"], b["fitness"]) for b in search_record["stock_baselines"]]
     return (spec.scales, spec.curve, [h["best"] for h in search_record["history"]], search_record["fitness"],
-            spec.provenance["held_out"], baselines)
+            spec.provenance.raw["held_out"], baselines)
 
 
 GRADIENT = dict(SMALL, optimizer="gradient", objective="logprob", population=None, generations=3, patience=0,
@@ -62,10 +62,10 @@ def test_two_ray_replicas_give_the_single_process_gradient_search(cluster, tmp_p
     single = search("lpes-tiny-kv", tmp_path / "one.json", SearchOptions(**options), progress=False)
     spec = search("lpes-tiny-kv", tmp_path / "two.json", SearchOptions(**options, ray="auto", replicas=2),
                   progress=False)
-    steps = single.provenance["search"]["history"]
+    steps = single.provenance.raw["search"]["history"]
     assert len(set(steps[-1]["scales"])) > 1  # the descent moved the layers apart: not trivially equal
     assert result(spec) == result(single)
-    assert spec.provenance["search"]["history"] == single.provenance["search"]["history"]
+    assert spec.provenance.raw["search"]["history"] == single.provenance.raw["search"]["history"]
 
 
 def test_answer_logprob_targets_reach_every_ray_replica(cluster, tmp_path, monkeypatch):
@@ -87,18 +87,18 @@ def test_answer_logprob_targets_reach_every_ray_replica(cluster, tmp_path, monke
     single = search("lpes-tiny-kv", tmp_path / "one.json", SearchOptions(**options), progress=False)
     spec = search("lpes-tiny-kv", tmp_path / "two.json", SearchOptions(**options, ray="auto", replicas=2),
                   progress=False)
-    objectives = [[h["objective"] for h in s.provenance["search"]["history"]] for s in (gold, single, spec)]
+    objectives = [[h["objective"] for h in s.provenance.raw["search"]["history"]] for s in (gold, single, spec)]
     assert objectives[0] != objectives[1]  # the targets changed what is scored
-    assert spec.provenance["search"]["history"] == single.provenance["search"]["history"]
+    assert spec.provenance.raw["search"]["history"] == single.provenance.raw["search"]["history"]
 
 
 def test_two_ray_replicas_give_the_single_process_result(cluster, single_process, tmp_path, capsys):
     assert set(single_process.scales) != {1.0}  # the search found a curve: equal results are not trivially equal
     spec = search("lpes-tiny-kv", tmp_path / "best.json", SearchOptions(**SMALL, ray="auto", replicas=2))
     assert result(spec) == result(single_process)
-    assert spec.provenance["replicas"] == {"backend": "ray", "replicas": 2, "gpus_per_replica": 0,
+    assert spec.provenance.raw["replicas"] == {"backend": "ray", "replicas": 2, "gpus_per_replica": 0,
                                            "devices": [["cpu"], ["cpu"]]}
-    assert single_process.provenance["replicas"]["backend"] == "local"
+    assert single_process.provenance.raw["replicas"]["backend"] == "local"
     # Both replicas scored: the per-generation log names each one's busy share and tokens/s.
     captured = capsys.readouterr()
     log = [line for line in (captured.out + captured.err).splitlines() if line.startswith("generation ")]

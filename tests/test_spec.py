@@ -164,9 +164,13 @@ def test_the_sane_ranges_include_their_bounds():
 
 
 def test_dump_refuses_what_load_would_refuse(tmp_path):
-    spec = Spec.from_scales([1.0, 2.0], {"search": {"best_uniform_scale": "2"}})
-    with pytest.raises(LpesError, match="best_uniform_scale"):
-        dump_spec(spec, tmp_path / "best.json")
+    from lpes.foundation.provenance import Provenance
+
+    with pytest.raises(LpesError, match="best_uniform_scale"):  # the provenance is checked as the spec is built
+        Spec.from_scales([1.0, 2.0], {"search": {"best_uniform_scale": "2"}})
+    unchecked = Spec((1.0, 2.0), provenance=Provenance({"search": {"best_uniform_scale": "2"}}))
+    with pytest.raises(LpesError, match="best_uniform_scale"):  # and again as it is written
+        dump_spec(unchecked, tmp_path / "best.json")
     assert list(tmp_path.iterdir()) == []
 
 

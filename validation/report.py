@@ -131,7 +131,7 @@ def validate(model: ResolvedModel, out_dir: Path, task: ResolvedTask | None = No
     if (task is None) == (examples is None):
         raise TypeError("validate() takes a task or examples, one of them")
     out_dir, spec, config = Path(out_dir), model.spec, model.config
-    name = model_label(str(shown.model_name or spec.provenance.get("base_model") or model.path.name))
+    name = model_label(str(shown.model_name or spec.base_model or model.path.name))
     exports = variant_runs.found_exports(out_dir, variants)
     kv_plan = variant_runs.plan_kv(model.path, config, examples, task, settings.reference_dtype,
                                    settings.max_new_tokens, name)
