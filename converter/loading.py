@@ -12,7 +12,6 @@ import json
 import math
 import os
 import re
-import sys
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
@@ -89,11 +88,15 @@ def _registry_name(name: str) -> bool:
     return is_real_model(name) and not Path(name).exists()
 
 
+def licence_note(name: str | os.PathLike) -> str | None:
+    """The line a command says of a real model from the registry (its licence), once every check has held."""
+    return licence_line(str(name)) if _registry_name(str(name)) else None
+
+
 def resolve_model(name: str | os.PathLike) -> Path:
     """A checked local folder for `name`: a bundled short name, an existing folder, or a hub download."""
     name = str(name)
     if _registry_name(name):
-        print(licence_line(name), file=sys.stderr)
         return check_model_folder(real_model_folder(name))
     if (path := model_location(name)) is not None:
         return check_model_folder(path)

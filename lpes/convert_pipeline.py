@@ -119,8 +119,8 @@ def plan(options: ConvertOptions) -> ConvertPlan:
     for target in targets:
         target.check()
     room = check_folder_room(resolved.out, sum(t.output_bytes(resolved.out) for t in targets))  # preflight.py
-    notes = [f"plan: {room}", resolved.spec_note, resolved.dtype_note, *(t.plan_note() for t in targets),
-             resolved.task.override if resolved.task else None]
+    notes = [resolved.licence, f"plan: {room}", resolved.spec_note, resolved.dtype_note,
+             *(t.plan_note() for t in targets), resolved.task.override if resolved.task else None]
     notes = [note for note in notes + warnings if note]
     return ConvertPlan(job, resolved.out, targets, force=options.force, push_to_hub=options.push_to_hub,
                        data=options.data, max_validation_seconds=options.max_validation_seconds, notes=notes,

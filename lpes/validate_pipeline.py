@@ -67,7 +67,7 @@ def plan(options: ValidateOptions) -> ValidatePlan:
                                  task=TaskRequest(options.data, options.chat_template, options.answer_tokens),
                                  dtype=dtype))
     device = check_device(options.device)
-    notes = [*resolved.warnings, resolved.task.override, f"plan: {room}", resolved.dtype_note]
+    notes = [resolved.licence, *resolved.warnings, resolved.task.override, f"plan: {room}", resolved.dtype_note]
     return ValidatePlan(options, resolved, model, device, tuple(note for note in notes if note))
 
 

@@ -81,7 +81,7 @@ def plan_search(model: str, out: Path, options: SearchOptions, force: bool) -> S
     every = examples + held_out_data  # prompts and answers apart: an answer that encodes to nothing is named
     check_vocabulary(tokenizer, [e.prompt for e in every] + [e.answer for e in every], "--data",
                      resolved.label)
-    notes: list[str] = []
+    notes: list[str] = [resolved.licence] if resolved.licence else []
     holdout = _held_out_examples(held_out_data, options.holdout, notes)
     check_positions([(e.gold_index, e.num_pairs) for e in holdout], "--data (held out)")
     lengths = _lengths(tokenizer, examples)

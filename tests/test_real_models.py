@@ -68,3 +68,16 @@ def test_its_task_scores_by_the_benchmark_metric(smollm2):
     for result, example in zip(scores.results, examples):
         assert result.correct == bool(reference_best_subspan_em(result.generated, [example.answer]))
         assert result.generated.strip(), "the chat model wrote nothing"
+
+
+def test_the_licence_is_said_once_every_check_has_held_and_a_refusal_is_alone(smollm2, tmp_path, capsys):
+    from lpes.cli import search_main
+    from lpes.validation.model_preflight import Request, preflight
+
+    resolved = preflight(Request("lpes-search", "smollm2-135m"))
+    assert resolved.licence.startswith("smollm2-135m: ") and "licence Apache-2.0" in resolved.licence
+    capsys.readouterr()
+    code = search_main(["smollm2-135m", "--out", str(tmp_path / "best.json"), "--serve-length", "10"])
+    lines = capsys.readouterr().err.splitlines()
+    assert code == 2 and len(lines) == 1 and "--serve-length" in lines[0], lines
+    assert list(tmp_path.iterdir()) == []

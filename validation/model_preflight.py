@@ -77,6 +77,7 @@ class Preflight:
     task: Any = None  # validation.task_choice.ResolvedTask
     longest: int = 0  # the task's longest sequence, prompt and answer's budget (0: no tokenizer or no task)
     elsewhere: str | None = None  # the spec was searched on another model: the line that says so
+    licence: str | None = None  # a real model's licence line (converter/real_models.py), said first
     dtype: str | None = None
     dtype_note: str | None = None
 
@@ -118,7 +119,7 @@ def preflight(request: Request) -> Preflight:
 
 def _with_model(request: Request, out: Path | None) -> Preflight:
     from lpes.converter.fingerprint import searched_elsewhere
-    from lpes.converter.loading import load_config, model_label, resolve_model
+    from lpes.converter.loading import licence_note, load_config, model_label, resolve_model
     from lpes.converter.weights_dtype import dtype_note
 
     model_path = resolve_model(request.model)
@@ -143,8 +144,8 @@ def _with_model(request: Request, out: Path | None) -> Preflight:
     task, longest = _task(request, model_path, config, spec, label)
     dtype = request.dtype() if callable(request.dtype) else request.dtype
     note = dtype_note(model_path, dtype) if dtype is not None else None
-    return Preflight(request, out, model_path, label, config, spec, spec_note, rope, task, longest, elsewhere, dtype,
-                     note)
+    return Preflight(request, out, model_path, label, config, spec, spec_note, rope, task, longest, elsewhere,
+                     licence_note(request.model), dtype, note)
 
 
 def _output(output: Output, model_folder: Path | None) -> Path | None:
