@@ -15,8 +15,19 @@ from typing import Any
 
 from lpes.foundation.decision import Decision, parse_decision
 from lpes.foundation.errors import LpesError
-from lpes.foundation.rope_schemes import StockRope
-from lpes.foundation.spec_fields import check_keys, check_provenance, is_int, is_number, one_line_text, show
+from lpes.foundation.rope_schemes import STOCK_TYPES, StockRope
+from lpes.foundation.spec_fields import (
+    MAX_ANSWER_TOKENS,
+    MAX_SCALE,
+    MIN_SCALE,
+    SCALE_RANGE,
+    check_keys,
+    is_int,
+    is_number,
+    one_line_text,
+    show,
+    type_name,
+)
 
 
 @dataclass(frozen=True)
@@ -86,7 +97,7 @@ class Provenance:
     @classmethod
     def parse(cls, data: Any) -> Provenance:
         """Check the provenance of a spec read from a file (or built in code); LpesError names the field."""
-        data = check_provenance(data if data is not None else {})
+        data = _check_provenance(data if data is not None else {})
         return cls(dict(data), _text(data, "lpes_version"), _text(data, "base_model"), data.get("model"),
                    _search(data.get("search")), _held_out(data.get("held_out")), parse_decision(data.get("decision")),
                    _shipped(data.get("shipped")))
@@ -112,7 +123,7 @@ def _text(data: Mapping[str, Any], key: str) -> str | None:
 
 
 def _search(search: Mapping[str, Any] | None) -> SearchRecord | None:
-    """provenance.search, its types checked beyond check_provenance's (which checks the scale, baselines, task)."""
+    """provenance.search, its types checked beyond _check_provenance's (which checks the scale, baselines, task)."""
     if search is None:
         return None
     where = "provenance.search"
@@ -178,3 +189,76 @@ def _shipped(shipped: Any) -> Shipped | None:
         raise LpesError("spec: 'provenance.shipped.ship' must be 'decision' or 'curve', "
                         f"got {show(shipped.get('ship'))}")
     return Shipped(shipped["ship"], one_line_text(shipped.get("what"), "provenance.shipped.what"))
+
+
+def _check_provenance(provenance: Any) -> dict[str, Any]:
+    """Free-form, except the entries other stages read: those must have the type they are read as."""
+    if not isinstance(provenance, dict):
+        raise LpesError(f"spec: 'provenance' must be an object, got {type_name(provenance)}")
+    for key in ("search", "model", "held_out"):
+        if key in provenance and not isinstance(provenance[key], dict):
+            raise LpesError(f"spec: 'provenance.{key}' must be an object, got {type_name(provenance[key])}")
+    # Text that terminals and model cards show: one printable line, so a file cannot forge a line or colour one.
+    for key in ("base_model", "lpes_version"):
+        if provenance.get(key) is not None:
+            one_line_text(provenance[key], f"provenance.{key}")
+    for key in ("name", "config_sha256", "weights_sha256"):  # read to tell another model (Spec.searched_model)
+        value = provenance.get("model", {}).get(key)
+        if value is not None:
+            one_line_text(value, f"provenance.model.{key}")
+    uniform = provenance.get("search", {}).get("best_uniform_scale")
+    if uniform is not None:
+        if not is_number(uniform):
+            raise LpesError(f"spec: 'provenance.search.best_uniform_scale' must be a number, got {show(uniform)}")
+        if not MIN_SCALE <= uniform <= MAX_SCALE:
+            raise LpesError(f"spec: 'provenance.search.best_uniform_scale' is {show(uniform)}; "
+                            f"a scale must lie in {SCALE_RANGE}")
+    _check_stock_baselines(provenance.get("search", {}).get("stock_baselines"))
+    _check_search_task(provenance.get("search", {}).get("task"))
+    return provenance
+
+
+SEARCH_TASK_KEYS = ("data", "chat_template", "answer_tokens", "prompt_tokens")
+
+
+def _check_search_task(task: Any) -> None:
+    where = "provenance.search.task"
+    if task is None:
+        return
+    if not isinstance(task, dict):
+        raise LpesError(f"spec: '{where}' must be an object, got {type_name(task)}")
+    check_keys(task, SEARCH_TASK_KEYS, where)
+    if task.get("data") is not None and not (isinstance(task["data"], str) and task["data"].strip()
+                                             and task["data"].isprintable()):
+        raise LpesError(f"spec: '{where}.data' must be a --data description or null, got {show(task['data'])}")
+    if "chat_template" in task and not isinstance(task["chat_template"], bool):
+        raise LpesError(f"spec: '{where}.chat_template' must be true or false, got {show(task['chat_template'])}")
+    answer = task.get("answer_tokens")
+    if answer is not None and not (is_int(answer) and 1 <= answer <= MAX_ANSWER_TOKENS):
+        raise LpesError(f"spec: '{where}.answer_tokens' must be an integer in 1..{MAX_ANSWER_TOKENS} or null, "
+                        f"got {show(answer)}")
+    tokens = task.get("prompt_tokens")
+    if tokens is not None and not (isinstance(tokens, list) and len(tokens) == 2 and all(is_int(n) for n in tokens)
+                                   and 0 <= tokens[0] <= tokens[1]):
+        raise LpesError(f"spec: '{where}.prompt_tokens' must be [shortest, longest] token counts, got {show(tokens)}")
+
+
+def _check_stock_baselines(entries: Any) -> None:
+    where = "provenance.search.stock_baselines"
+    if entries is None:
+        return
+    if not isinstance(entries, list):
+        raise LpesError(f"spec: '{where}' must be a list, got {type_name(entries)}")
+    seen = set()
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise LpesError(f"spec: '{where}[{i}]' must be an object, got {type_name(entry)}")
+        rope_type, factor = entry.get("rope_type"), entry.get("factor")
+        if not isinstance(rope_type, str) or rope_type not in STOCK_TYPES:
+            raise LpesError(f"spec: '{where}[{i}].rope_type' must be one of {', '.join(STOCK_TYPES)}, "
+                            f"got {show(rope_type)}")
+        if rope_type in seen:
+            raise LpesError(f"spec: '{where}[{i}]': {rope_type!r} appears twice")
+        seen.add(rope_type)
+        if not is_number(factor) or not 1 <= factor <= MAX_SCALE:
+            raise LpesError(f"spec: '{where}[{i}].factor' must be a number in [1, {MAX_SCALE:g}], got {show(factor)}")

@@ -177,10 +177,11 @@ def score_all(model: ResolvedModel, kv_plan: KvPlan, planned: list[PlannedVarian
     where = torch.device(check_device(settings.device))
     torch_model = load_model(model.path, settings.reference_dtype).to(where)
     scored = [v for v in planned if v.same_as is None and v.skipped is None]
-    probe, estimate, skipped = _probe_within_budget(torch_model, kv_plan, scored, settings, where.type)
+    eos = scoring.eos_token_ids(torch_model, kv_plan.tokenizer) or None  # the exports' runners stop alike
+    probe, estimate, skipped = _probe_within_budget(torch_model, kv_plan, scored, settings, eos, where.type)
     if skipped is not None:
         return [], estimate, skipped
-    scorer = _Scorer(torch_model, model.spec, kv_plan, settings, probe, len(scored), str(where))
+    scorer = _Scorer(torch_model, model.spec, kv_plan, settings, probe, eos, len(scored), str(where))
     del torch_model  # the scorer's is the one copy: it lets go of it before the exports load theirs
     results: list[VariantResult] = []
     for variant in planned:
@@ -189,11 +190,9 @@ def score_all(model: ResolvedModel, kv_plan: KvPlan, planned: list[PlannedVarian
     return results, estimate, None
 
 
-def _probe_within_budget(model, kv_plan: KvPlan, scored: list[PlannedVariant], settings: ScoringSettings,
+def _probe_within_budget(model, kv_plan: KvPlan, scored: list[PlannedVariant], settings: ScoringSettings, eos,
                          device: str) -> tuple[Any, str, str | None]:
     """The probe batch (scored unscaled) and the estimate for every variant; or why the scoring is skipped."""
-    from lpes.validation.scoring import eos_token_ids
-
     examples, budget = kv_plan.examples, settings.max_seconds
     batch, wide = settings.batch_size, settings.max_batch_tokens
     over = f"over the {checks.format_seconds(budget)} budget" if budget is not None else ""
@@ -212,7 +211,6 @@ def _probe_within_budget(model, kv_plan: KvPlan, scored: list[PlannedVariant], s
             return None, estimate, (f"the first batch alone ({prefix.rows} example(s) of {prefix.width:,} prompt "
                                     f"tokens) could take up to {checks.format_seconds(worst)} to prefill, {over} "
                                     f"(extrapolated from its first prompt's first {prefix.timings[-1][0]:,} tokens)")
-    eos = eos_token_ids(model, kv_plan.tokenizer) or None
     try:
         probe = checks.probe(model, kv_plan.tokenizer, examples, kv_plan.sequence_tokens, batch, wide,
                              settings.max_new_tokens, eos, single=any(v.one_at_a_time for v in scored),
@@ -233,12 +231,11 @@ class _Scorer:
     """Scores the planned variants in table order on one progress bar, one function per kind, with one copy of
     the weights at a time (the exports load their own once the torch variants are done)."""
 
-    def __init__(self, model, spec: Spec, kv_plan: KvPlan, settings: ScoringSettings, probe, variants: int,
+    def __init__(self, model, spec: Spec, kv_plan: KvPlan, settings: ScoringSettings, probe, eos, variants: int,
                  device: str) -> None:
         from tqdm.auto import tqdm
 
-        self.model, self.spec, self.kv, self.settings, self.probe = model, spec, kv_plan, settings, probe
-        self.eos = scoring.eos_token_ids(model, kv_plan.tokenizer) or None  # the exports' runners stop alike
+        self.model, self.spec, self.kv, self.settings, self.probe, self.eos = model, spec, kv_plan, settings, probe, eos
         self.run_context = RunContext(settings.reference_dtype, device, scoring.pad_token_id(None, kv_plan.tokenizer))
         self.bar = tqdm(total=len(kv_plan.examples) * variants, desc="lpes-validate", unit="example",
                         disable=not settings.progress)
@@ -271,7 +268,8 @@ class _Scorer:
         apply(self.model, Spec.from_scales(list(v.scales), rope=LINEAR_ROPE))
         self.bar.set_postfix_str(v.name)
         self.bar.update(len(self.probe.example_ids))
-        rest = [i for i in range(len(self.kv.examples)) if i not in set(self.probe.example_ids)]
+        probed = set(self.probe.example_ids)
+        rest = [i for i in range(len(self.kv.examples)) if i not in probed]
         scores = checks.merge_scores(self.probe, self._greedy(self.model, rest), rest)
         return VariantResult(v.name, "ok", scores, v.note, baseline=v.baseline)
 
